@@ -1,0 +1,29 @@
+# The two commands of the README. Both install what they need first.
+# torch comes first and pinned: on a CPU machine torch==2.13.0 is a local CPU wheel, while a
+# bare `torch` requirement would pull a multi-GB CUDA build.
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip
+STAMP := .make-installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_NO_ADVISORY_WARNINGS := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install quickstart test clean
+
+$(STAMP): setup.cfg pyproject.toml
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+quickstart: $(STAMP)
+	$(PYTHON) train.py --config configs/quickstart.yaml
+	$(PYTHON) evaluate.py --sts_dir tests/fixtures/sts \
+		--ckpt_path "$$(ls -t runs/quickstart/lightning_logs/*/checkpoints/best-*.ckpt | head -n 1)"
+
+test: $(STAMP)
+	$(PYTHON) -m pytest -q -ra tests
+
+clean:
+	rm -rf $(STAMP) runs lightning_logs .pytest_cache

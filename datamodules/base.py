@@ -1,0 +1,196 @@
+"""What every DataModule shares: tokenization in the data pipeline, batching, STS validation sets."""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from typing import Any, Sequence
+
+import datasets
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+from .batching import PadCollator, SentenceBatchSampler
+from .io import DataError, check_text_columns, load_source, parse_scores, require_columns
+
+log = logging.getLogger(__name__)
+
+
+def score_range_of(source: str) -> tuple[float, float]:
+    """Documented gold-score ranges: SICK-R 1-5, the hub's normalised STS-B 0-1, other STS 0-5."""
+    name = os.path.basename(source).lower()
+    if "sick" in name:
+        return (1.0, 5.0)
+    if source.startswith("sentence-transformers/stsb"):
+        return (0.0, 1.0)
+    return (0.0, 5.0)
+
+
+def load_sts_pairs(source: str, score_range: tuple[float, float] | None = None) -> datasets.Dataset:
+    """An STS file or hub split as columns sentence1, sentence2, score (rescaled to [0, 1])."""
+    ds = load_source(source)
+    require_columns(ds, ["sentence1", "sentence2", "score"], source)
+    check_text_columns(ds, ["sentence1", "sentence2"], source)
+    low, high = score_range or score_range_of(source)
+    scores = [(s - low) / (high - low) for s in parse_scores(ds, "score", source, low, high)]
+    ds = ds.select_columns(["sentence1", "sentence2"])
+    return ds.add_column("score", scores)
+
+
+class SentenceDataModule(L.LightningDataModule):
+    """Base of every DataModule: subclasses say what the training rows are, this class
+    tokenizes them once (cached by ``datasets``, keyed on the tokenizer and max length),
+    batches them, and provides the STS validation sets every objective is selected on.
+
+    The tokenizer and training max length come from the model's encoder
+    (``trainer.lightning_module.encoder``), so they are set in one place only.
+
+    Args:
+        per_device_batch_size: examples per device per optimizer step (the global batch is this
+            times the number of devices; gradient accumulation does not add in-batch negatives).
+        eval_batch_size: batch size for validation encoding.
+        sts_dir: directory with ``stsb.dev.tsv`` (and optionally ``sickr.dev.tsv``) for validation.
+        val_sources: validation sets, name -> source (hub split or file); ``sts_dir`` overrides
+            the names it provides (``stsb``, ``sickr``), so a local run can replace the hub's.
+        group_by_length: length-grouped ("smart") batching, shuffled across groups.
+        num_workers: DataLoader worker processes.
+        seed: seed of the batch order.
+    """
+
+    text_columns: Sequence[str] = ()
+    label_columns: Sequence[str] = ()
+    needs_in_batch_negatives: bool = False
+
+    def __init__(
+        self,
+        per_device_batch_size: int = 16,
+        eval_batch_size: int = 64,
+        sts_dir: str | None = None,
+        val_sources: dict[str, str] | None = None,
+        group_by_length: bool = False,
+        num_workers: int = 0,
+        seed: int = 42,
+    ) -> None:
+        super().__init__()
+        if per_device_batch_size < 1:
+            raise ValueError(f"per_device_batch_size must be positive, got {per_device_batch_size}")
+        self.per_device_batch_size = per_device_batch_size
+        self.eval_batch_size = eval_batch_size
+        self.sts_dir = sts_dir
+        self.val_sources = dict(val_sources or {})
+        self.group_by_length = group_by_length
+        self.num_workers = num_workers
+        self.seed = seed
+        self.encoder = None
+        self.train_dataset: datasets.Dataset | None = None
+        self.val_datasets: dict[str, datasets.Dataset] = {}
+        self.train_sampler: SentenceBatchSampler | None = None
+
+    # -- what subclasses provide -------------------------------------------------------------
+    def load_train_rows(self) -> datasets.Dataset:
+        """The training rows with the subclass's text (and label) columns, validated."""
+        raise NotImplementedError
+
+    def unique_keys(self, ds: datasets.Dataset) -> list[tuple[str, ...]] | None:
+        """Keys that must not repeat inside a batch (in-batch negatives); None = no constraint."""
+        return None
+
+    # -- shared machinery ------------------------------------------------------------------
+    def attach_encoder(self, encoder) -> None:
+        """Use this encoder's tokenizer and max length (done automatically under a Trainer)."""
+        self.encoder = encoder
+
+    def _get_encoder(self):
+        if self.encoder is None:
+            if self.trainer is None or self.trainer.lightning_module is None:
+                raise RuntimeError("attach_encoder(encoder) before setup() when not running under a Trainer")
+            self.encoder = self.trainer.lightning_module.encoder
+        return self.encoder
+
+    def validation_sources(self) -> dict[str, str]:
+        sources: dict[str, str] = dict(self.val_sources)  # data.sts_dir, when given, wins per name
+        if self.sts_dir is not None:
+            stsb = os.path.join(self.sts_dir, "stsb.dev.tsv")
+            if not os.path.isfile(stsb):
+                raise DataError(f"{stsb}: data file not found (data.sts_dir must hold stsb.dev.tsv)")
+            sources["stsb"] = stsb
+            sick = os.path.join(self.sts_dir, "sickr.dev.tsv")
+            if os.path.isfile(sick):
+                sources["sickr"] = sick
+        return sources
+
+    def tokenize(self, ds: datasets.Dataset, columns: Sequence[str], max_length: int) -> datasets.Dataset:
+        """Add ``<column>_ids`` token ids (no padding) for each text column, batched and cached."""
+        tokenizer = self._get_encoder().tokenizer
+        key = "|".join([ds._fingerprint, tokenizer.name_or_path, str(len(tokenizer)), str(max_length), *columns])
+        fingerprint = hashlib.sha256(key.encode()).hexdigest()[:32]
+
+        def encode(batch: dict[str, list]) -> dict[str, list]:
+            return {
+                f"{c}_ids": tokenizer(batch[c], truncation=True, max_length=max_length)["input_ids"] for c in columns
+            }
+
+        return ds.map(encode, batched=True, batch_size=2000, new_fingerprint=fingerprint, desc="tokenizing")
+
+    def setup(self, stage: str | None = None) -> None:
+        encoder = self._get_encoder()
+        if stage in (None, "fit") and self.train_dataset is None:
+            rows = self.load_train_rows()
+            if len(rows) == 0:
+                raise DataError(f"{type(self).__name__}: no training rows were loaded")
+            keys = self.unique_keys(rows)
+            self.train_dataset = self.tokenize(rows, self.text_columns, encoder.max_seq_length)
+            first = f"{self.text_columns[0]}_ids"
+            lengths = [len(ids) for ids in self.train_dataset[first]] if self.group_by_length else [0] * len(rows)
+            world, rank = self._world()
+            if self.needs_in_batch_negatives and self.per_device_batch_size * world < 2:
+                raise ValueError("data.per_device_batch_size: in-batch negatives need a global batch of at least 2")
+            self.train_sampler = SentenceBatchSampler(
+                lengths, self.per_device_batch_size, shuffle=True, drop_last=self.needs_in_batch_negatives,
+                group_by_length=self.group_by_length, unique_keys=keys, seed=self.seed,
+                num_replicas=world, rank=rank,
+            )
+            if len(self.train_sampler) == 0:
+                raise DataError(
+                    f"{type(self).__name__}: {len(rows)} training rows make no full batch of "
+                    f"{self.per_device_batch_size} x {world} devices"
+                )
+        if stage in (None, "fit", "validate") and not self.val_datasets:
+            for name, source in self.validation_sources().items():
+                pairs = load_sts_pairs(source)
+                self.val_datasets[name] = self.tokenize(pairs, ["sentence1", "sentence2"], encoder.eval_max_length)
+
+    def _world(self) -> tuple[int, int]:
+        if self.trainer is not None:
+            return self.trainer.world_size, self.trainer.global_rank
+        return 1, 0
+
+    @property
+    def val_names(self) -> list[str]:
+        return list(self.val_datasets)
+
+    def _collator(self, text_columns: Sequence[str], label_columns: Sequence[str]) -> PadCollator:
+        return PadCollator(text_columns, self._get_encoder().tokenizer.pad_token_id or 0, label_columns)
+
+    def train_dataloader(self) -> DataLoader:
+        if self.trainer is not None:
+            self.train_sampler.set_epoch(self.trainer.current_epoch)
+        columns = [f"{c}_ids" for c in self.text_columns] + list(self.label_columns)
+        return DataLoader(
+            self.train_dataset.select_columns(columns), batch_sampler=self.train_sampler,
+            collate_fn=self._collator(self.text_columns, self.label_columns), num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def val_dataloader(self) -> list[DataLoader]:
+        # Every rank sees the whole dev set (no distributed sampler, whose padding repeats
+        # examples): the Spearman figures are exact and identical on all ranks.
+        return [
+            DataLoader(
+                ds.select_columns(["sentence1_ids", "sentence2_ids", "score"]), batch_size=self.eval_batch_size,
+                shuffle=False, collate_fn=self._collator(["sentence1", "sentence2"], ["score"]),
+                num_workers=self.num_workers,
+            )
+            for ds in self.val_datasets.values()
+        ]

@@ -1,0 +1,132 @@
+"""SNLI / MultiNLI (any mix) as labelled pairs, entailment pairs, or (anchor, entailment, contradiction) triplets."""
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from typing import Literal
+
+import datasets
+
+from .base import SentenceDataModule
+from .io import DataError, check_text_columns, describe_row, drop_rows, load_source, require_columns
+
+log = logging.getLogger(__name__)
+
+LABELS = ("entailment", "neutral", "contradiction")  # class ids 0, 1, 2 (the hub's SNLI/MNLI order)
+
+
+def load_nli(source: str) -> datasets.Dataset:
+    """premise, hypothesis, label (int in 0..2); hub rows without a gold label (-1) are dropped and counted."""
+    ds = load_source(source)
+    require_columns(ds, ["premise", "hypothesis", "label"], source)
+    feature = ds.features["label"]
+    if isinstance(feature, datasets.ClassLabel) or feature.dtype.startswith("int"):
+        names = feature.names if isinstance(feature, datasets.ClassLabel) else list(LABELS)
+        if list(names) != list(LABELS):
+            raise DataError(f"{source}: label names {names} are not {list(LABELS)}")
+        labels = ds["label"]
+        ds = drop_rows(ds, [y != -1 for y in labels], source, "no gold label (-1)")
+        bad = next((i for i, y in enumerate(ds["label"]) if not 0 <= y < len(LABELS)), None)
+        if bad is not None:
+            raise DataError(f"{describe_row(source, bad)}: label {ds['label'][bad]} is not in 0..2")
+        check_text_columns(ds, ["premise", "hypothesis"], source)
+        return ds.select_columns(["premise", "hypothesis", "label"])
+    check_text_columns(ds, ["premise", "hypothesis"], source)
+    ids = []
+    for row, label in enumerate(ds["label"]):
+        key = (label or "").strip().lower()
+        if key not in LABELS:
+            raise DataError(f"{describe_row(source, row)}: label {label!r} is not one of {', '.join(LABELS)}")
+        ids.append(LABELS.index(key))
+    return ds.select_columns(["premise", "hypothesis"]).add_column("label", ids)
+
+
+def nli_triplets(ds: datasets.Dataset) -> datasets.Dataset:
+    """(anchor, positive, negative) = (premise, entailment, contradiction) of the same premise.
+
+    Each entailment hypothesis of a premise is paired with one of its contradictions, cycling
+    through them, so every entailment is used once.
+    """
+    ent: dict[str, list[str]] = defaultdict(list)
+    con: dict[str, list[str]] = defaultdict(list)
+    for p, h, y in zip(ds["premise"], ds["hypothesis"], ds["label"]):
+        if y == 0:
+            ent[p].append(h)
+        elif y == 2:
+            con[p].append(h)
+    rows = {"anchor": [], "positive": [], "negative": []}
+    for premise, positives in ent.items():
+        negatives = con.get(premise)
+        if not negatives:
+            continue
+        for i, pos in enumerate(positives):
+            rows["anchor"].append(premise)
+            rows["positive"].append(pos)
+            rows["negative"].append(negatives[i % len(negatives)])
+    return datasets.Dataset.from_dict(rows)
+
+
+class NLIDataModule(SentenceDataModule):
+    """NLI training data in the view an objective needs.
+
+    Batch keys by ``view``:
+      - ``labelled``: ``sentence1``, ``sentence2`` (tokenized), ``label`` (0 entailment, 1 neutral, 2 contradiction)
+      - ``pairs``: ``anchor``, ``positive`` (entailment pairs)
+      - ``triplets``: ``anchor``, ``positive``, ``negative`` (entailment and contradiction of one premise)
+
+    Args:
+        train_sources: local files (premise, hypothesis, label TSV/JSONL) or hub splits such as
+            ``snli:train`` and ``multi_nli:train``, concatenated. A file that already has
+            ``anchor, positive[, negative]`` columns (any pair or triplet file) is used as is.
+        view: which of the three views above.
+        in_batch_negatives: batches never hold the same sentence twice and drop the last
+            incomplete batch (for MNR and SimCSE; set by their configs).
+    """
+
+    def __init__(
+        self,
+        train_sources: list[str],
+        view: Literal["labelled", "pairs", "triplets"] = "labelled",
+        in_batch_negatives: bool = False,
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        if not train_sources:
+            raise ValueError("data.train_sources: at least one source is needed")
+        self.train_sources = list(train_sources)
+        self.view = view
+        self.needs_in_batch_negatives = in_batch_negatives
+        self.text_columns = {"labelled": ("sentence1", "sentence2"), "pairs": ("anchor", "positive"),
+                             "triplets": ("anchor", "positive", "negative")}[view]
+        self.label_columns = ("label",) if view == "labelled" else ()
+
+    def _load_one(self, source: str) -> datasets.Dataset:
+        ds = load_source(source)
+        if "anchor" in ds.column_names:  # a ready-made pair/triplet file
+            need = list(self.text_columns)
+            if self.view == "labelled":
+                raise DataError(f"{source}: has anchor/positive columns, but view 'labelled' needs premise, hypothesis, label")
+            require_columns(ds, need, source)
+            check_text_columns(ds, need, source)
+            return ds.select_columns(need)
+        ds = load_nli(source)
+        if self.view == "labelled":
+            return ds.rename_columns({"premise": "sentence1", "hypothesis": "sentence2"})
+        if self.view == "pairs":
+            ds = ds.filter(lambda y: [v == 0 for v in y], input_columns="label", batched=True)
+            return ds.rename_columns({"premise": "anchor", "hypothesis": "positive"}).select_columns(["anchor", "positive"])
+        triplets = nli_triplets(ds)
+        log.info("%s: %d triplets from %d labelled pairs", source, len(triplets), len(ds))
+        return triplets
+
+    def load_train_rows(self) -> datasets.Dataset:
+        parts = [self._load_one(s) for s in self.train_sources]
+        ds = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
+        if len(ds) == 0:
+            raise DataError(f"{', '.join(self.train_sources)}: no {self.view} rows could be built")
+        return ds
+
+    def unique_keys(self, ds: datasets.Dataset):
+        if not self.needs_in_batch_negatives:
+            return None
+        return list(zip(*(ds[c] for c in self.text_columns)))

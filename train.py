@@ -1,0 +1,22 @@
+"""Train any objective: ``python train.py --config configs/X.yaml [--trainer.max_steps 200 ...]``."""
+from __future__ import annotations
+
+from lightning_modules.cli import SentenceCLI, exit_on_user_error
+
+
+@exit_on_user_error
+def main(args: list[str] | None = None) -> SentenceCLI:
+    cli = SentenceCLI(args=args)
+    cli.model.run_config = cli.parser.dump(cli.config, skip_none=False, skip_check=True)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.ckpt_path)
+    log_dir = cli.trainer.log_dir  # a collective call under DDP: every rank must make it
+    if cli.trainer.is_global_zero:
+        callback = cli.trainer.checkpoint_callback
+        print(f"run directory:   {log_dir}")
+        print(f"best checkpoint: {callback.best_model_path} ({callback.monitor} = {float(callback.best_model_score or 0):.2f})")
+        print(f"tensorboard:     tensorboard --logdir {log_dir}")
+    return cli
+
+
+if __name__ == "__main__":
+    main()
