@@ -8,6 +8,8 @@ from lightning_modules.cli import SentenceCLI, exit_on_user_error
 def main(args: list[str] | None = None) -> SentenceCLI:
     cli = SentenceCLI(args=args)
     cli.model.run_config = cli.parser.dump(cli.config, skip_none=False, skip_check=True)
+    if cli.config.validate_first and cli.config.ckpt_path is None:
+        cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.ckpt_path)
     log_dir = cli.trainer.log_dir  # a collective call under DDP: every rank must make it
     if cli.trainer.is_global_zero:

@@ -17,6 +17,10 @@ from .io import DataError, check_text_columns, load_source, parse_scores, requir
 log = logging.getLogger(__name__)
 
 
+# Hub datasets that name the STS columns differently (the hub's ``sick``).
+STS_COLUMN_ALIASES = {"sentence_A": "sentence1", "sentence_B": "sentence2", "relatedness_score": "score"}
+
+
 def score_range_of(source: str) -> tuple[float, float]:
     """Documented gold-score ranges: SICK-R 1-5, the hub's normalised STS-B 0-1, other STS 0-5."""
     name = os.path.basename(source).lower()
@@ -30,6 +34,8 @@ def score_range_of(source: str) -> tuple[float, float]:
 def load_sts_pairs(source: str, score_range: tuple[float, float] | None = None) -> datasets.Dataset:
     """An STS file or hub split as columns sentence1, sentence2, score (rescaled to [0, 1])."""
     ds = load_source(source)
+    aliases = {k: v for k, v in STS_COLUMN_ALIASES.items() if k in ds.column_names and v not in ds.column_names}
+    ds = ds.rename_columns(aliases) if aliases else ds
     require_columns(ds, ["sentence1", "sentence2", "score"], source)
     check_text_columns(ds, ["sentence1", "sentence2"], source)
     low, high = score_range or score_range_of(source)

@@ -10,6 +10,10 @@ _EXPORTS = {
     "SentenceEmbeddingModule": "base",
     "NLISoftmax": "nli_softmax",
     "STSRegression": "sts_regression",
+    "Triplet": "triplet",
+    "MNR": "mnr",
+    "SimCSE": "simcse",
+    "DCLR": "dclr",
 }
 
 __all__ = list(_EXPORTS)

@@ -35,6 +35,8 @@ class SentenceCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--ckpt_path", type=Optional[str], default=None,
                             help="checkpoint to resume from ('last' = the newest in this run directory)")
+        parser.add_argument("--validate_first", type=bool, default=True,
+                            help="validate the start model before training (the step-0 point of every val/ curve)")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.add_lightning_class_args(SaveFinalState, "save_final_state")
         parser.set_defaults({

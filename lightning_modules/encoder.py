@@ -33,6 +33,10 @@ class SentenceEncoder(nn.Module):
         max_seq_length: truncation length for training batches (evaluation uses the model's maximum).
         mlp_head: add a Linear+Tanh head (SimCSE's MLP) after ``cls`` pooling.
         mlp_only_train: use the head in training only (SimCSE unsupervised).
+        projection_dim: add a trainable linear projection to this size after pooling (kept at
+            evaluation and export), e.g. FILM's deep variant over a frozen transformer.
+        freeze_transformer: keep the transformer's weights fixed and its dropout off; only the
+            heads train.
         pretrained: load pretrained weights; False builds the architecture from the config with
             random weights (tests, throughput benchmarks, rebuilding from a checkpoint).
         trust_remote_code: allow the model repository's own code; off unless a config turns it on.
@@ -45,6 +49,8 @@ class SentenceEncoder(nn.Module):
         max_seq_length: int = 128,
         mlp_head: bool = False,
         mlp_only_train: bool = False,
+        projection_dim: int | None = None,
+        freeze_transformer: bool = False,
         pretrained: bool = True,
         trust_remote_code: bool = False,
     ) -> None:
@@ -57,8 +63,11 @@ class SentenceEncoder(nn.Module):
             raise ValueError(f"max_seq_length must be at least 2, got {max_seq_length}")
         self.config_dict: dict[str, Any] = dict(
             model_name=model_name, pooling=pooling, max_seq_length=max_seq_length, mlp_head=mlp_head,
-            mlp_only_train=mlp_only_train, trust_remote_code=trust_remote_code,
+            mlp_only_train=mlp_only_train, projection_dim=projection_dim, freeze_transformer=freeze_transformer,
+            trust_remote_code=trust_remote_code,
         )
+        if projection_dim is not None and projection_dim < 1:
+            raise ValueError(f"projection_dim must be positive, got {projection_dim}")
         path = resolve_model_name(model_name)
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
@@ -80,10 +89,22 @@ class SentenceEncoder(nn.Module):
         self.mlp_only_train = mlp_only_train
         hidden = self.transformer.config.hidden_size
         self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh()) if mlp_head else None
+        self.projection = nn.Linear(hidden, projection_dim) if projection_dim is not None else None
+        self.freeze_transformer = freeze_transformer
+        if freeze_transformer:
+            self.transformer.requires_grad_(False)
+            self.transformer.eval()
+
+    def train(self, mode: bool = True) -> "SentenceEncoder":
+        super().train(mode)
+        if self.freeze_transformer:
+            self.transformer.eval()  # a frozen transformer never trains, dropout included
+        return self
 
     @property
     def dim(self) -> int:
-        return self.transformer.config.hidden_size
+        """Size of the sentence embeddings."""
+        return self.projection.out_features if self.projection is not None else self.transformer.config.hidden_size
 
     @property
     def eval_max_length(self) -> int:
@@ -102,6 +123,10 @@ class SentenceEncoder(nn.Module):
 
     def forward(self, features: dict[str, Tensor]) -> Tensor:
         """features: input_ids, attention_mask (B, L) -> embeddings (B, H)."""
+        pooled = self._pool(features)
+        return self.projection(pooled) if self.projection is not None else pooled
+
+    def _pool(self, features: dict[str, Tensor]) -> Tensor:
         mask = features["attention_mask"]
         out = self.transformer(input_ids=features["input_ids"], attention_mask=mask)
         tokens = out.last_hidden_state  # (B, L, H)

@@ -53,15 +53,36 @@ def objective_config(tmp_path: Path, tiny: str, fixtures: Path, model: str, data
     return str(path)
 
 
+PAIRS = {"data_args": {"view": "pairs", "in_batch_negatives": True}}
+TRIPLETS = {"data_args": {"view": "triplets", "in_batch_negatives": True}}
+SIMCSE_ENCODER = {"pooling": "cls", "mlp_head": True, "mlp_only_train": True}
 OBJECTIVES = [
     ("NLISoftmax", "NLIDataModule", {"data_args": {"view": "labelled"}}),
     ("STSRegression", "STSDataModule", {}),
+    ("Triplet", "NLIDataModule", {"data_args": {"view": "triplets"}}),
+    ("MNR", "NLIDataModule", PAIRS),
+    ("MNR", "NLIDataModule", {**TRIPLETS, "model_args": {"symmetric": True}}),
+    ("MNR", "NLIDataModule", {**TRIPLETS, "model_args": {"mini_batch_size": 3}}),
+    ("SimCSE", "WikiDataModule", {"encoder_args": SIMCSE_ENCODER}),
+    ("SimCSE", "NLIDataModule", {**TRIPLETS, "model_args": {"mini_batch_size": 3}}),
+    ("DCLR", "WikiDataModule", {"encoder_args": SIMCSE_ENCODER, "model_args": {"complementary_model": "TINY"}}),
+    ("DCLR", "WikiDataModule", {"encoder_args": SIMCSE_ENCODER, "model_args": {
+        "complementary_model": "TINY", "noise_per": "batch", "noise_objective": "infonce", "weight_noise": False,
+        "masked": "zero_logit", "threshold_rule": "official"}}),
 ]
+OBJECTIVE_IDS = ["NLISoftmax", "STSRegression", "Triplet", "MNR-pairs", "MNR-hard-negatives-symmetric",
+                 "MNR-gradcache", "SimCSE-unsup", "SimCSE-sup-gradcache", "DCLR-paper", "DCLR-official"]
 
 
-@pytest.mark.parametrize("model, data, extra", OBJECTIVES, ids=[o[0] for o in OBJECTIVES])
+def with_tiny(extra: dict, tiny: str) -> dict:
+    """Replace the TINY placeholder (the complementary model) by the tiny model's directory."""
+    model_args = {k: (tiny if v == "TINY" else v) for k, v in extra.get("model_args", {}).items()}
+    return {**extra, "model_args": model_args}
+
+
+@pytest.mark.parametrize("model, data, extra", OBJECTIVES, ids=OBJECTIVE_IDS)
 def test_short_fit_of_each_objective(tmp_path, tiny_model_dir, fixtures_dir, model, data, extra):
-    config = objective_config(tmp_path, tiny_model_dir, fixtures_dir, model, data, **dict(extra))
+    config = objective_config(tmp_path, tiny_model_dir, fixtures_dir, model, data, **with_tiny(extra, tiny_model_dir))
     cli = train.main(["--config", config])
     metrics = cli.trainer.callback_metrics
     assert cli.trainer.global_step == 4

@@ -1,0 +1,41 @@
+"""SBERT's triplet objective."""
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from .base import SentenceEmbeddingModule
+from .encoder import SentenceEncoder
+from .losses import triplet_loss
+
+
+class Triplet(SentenceEmbeddingModule):
+    """max(||a - p|| - ||a - n|| + margin, 0) with Euclidean distance (Reimers & Gurevych 2019, eq. 3).
+
+    Batch keys: ``anchor``, ``positive``, ``negative`` (tokenized): ``NLIDataModule(view="triplets")``
+    (premise, entailment, contradiction) or any file with those three columns.
+    Paper: margin 1 (sentence-transformers defaults to 5; we keep the paper's value), mean pooling.
+
+    With ``SentenceEncoder(freeze_transformer=True, projection_dim=d)`` this is FILM's deep
+    variant (Tang & Aw 2020): a shared-weight three-branch network whose only trainable part is
+    a linear head over frozen transformer embeddings.
+
+    Args:
+        encoder: the sentence encoder.
+        margin: the triplet margin.
+    """
+
+    def __init__(self, encoder: SentenceEncoder, margin: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(encoder, **kwargs)
+        if margin < 0:
+            raise ValueError(f"model.init_args.margin must be non-negative, got {margin}")
+        self.margin = margin
+
+    def training_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+        a = self.encoder(batch["anchor"])  # (B, H)
+        p = self.encoder(batch["positive"])  # (B, H)
+        n = self.encoder(batch["negative"])  # (B, H)
+        loss = triplet_loss(a, p, n, self.margin)
+        with_margin = ((a - p).float().norm(dim=-1) + self.margin <= (a - n).float().norm(dim=-1)).float().mean()
+        return loss, {"satisfied": with_margin}

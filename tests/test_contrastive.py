@@ -1,0 +1,105 @@
+"""Objective-level checks of the contrastive modules (the maths is tested in test_losses.py)."""
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+
+import train
+from datamodules import NLIDataModule, WikiDataModule
+from datamodules.io import DataError
+from lightning_modules.dclr import DCLR
+from lightning_modules.encoder import SentenceEncoder
+from tests.test_train import SIMCSE_ENCODER, objective_config
+
+
+class ModeProbe(L.Callback):
+    """Records the train/eval mode of the encoder and complementary model at every step."""
+
+    def __init__(self) -> None:
+        self.modes: list[tuple[bool, bool]] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.modes.append((pl_module.encoder.transformer.training, pl_module.complementary.training))
+
+
+def test_dclr_complementary_model_frozen_in_eval_and_unchanged(tmp_path, tiny_model_dir, fixtures_dir):
+    config = objective_config(tmp_path, tiny_model_dir, fixtures_dir, "DCLR", "WikiDataModule",
+                              encoder_args=SIMCSE_ENCODER, model_args={"complementary_model": tiny_model_dir})
+    from lightning_modules.cli import SentenceCLI
+
+    cli = SentenceCLI(args=["--config", config])
+    probe = ModeProbe()
+    cli.trainer.callbacks.append(probe)
+    comp_before = {k: v.clone() for k, v in cli.model.complementary.state_dict().items()}
+    enc_before = cli.model.encoder.transformer.embeddings.word_embeddings.weight.clone()
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert probe.modes and all(enc and not comp for enc, comp in probe.modes)
+    assert all(p.grad is None and not p.requires_grad for p in cli.model.complementary.parameters())
+    for k, v in cli.model.complementary.state_dict().items():
+        assert torch.equal(v, comp_before[k]), k
+    assert not torch.equal(enc_before, cli.model.encoder.transformer.embeddings.word_embeddings.weight)
+    optimised = {id(p) for g in cli.trainer.optimizers[0].param_groups for p in g["params"]}
+    assert not optimised & {id(p) for p in cli.model.complementary.parameters()}
+    metrics = cli.trainer.callback_metrics
+    for name in ("train/masked_fraction", "train/noise_cos_shift", "train/noise_step_norm", "train/noise_lu_after"):
+        assert name in metrics, name
+    checkpoint = torch.load(cli.trainer.checkpoint_callback.last_model_path, weights_only=True)
+    assert not any(k.startswith("complementary.") for k in checkpoint["state_dict"])
+
+
+def test_dclr_noise_ascent_builds_no_graph_into_the_encoder(tiny_model_dir):
+    encoder = SentenceEncoder(tiny_model_dir, pooling="cls", mlp_head=True, mlp_only_train=True)
+    model = DCLR(encoder, complementary_model=tiny_model_dir, phi=0.9)
+    features = encoder.tokenize(["a cat sleeps", "dogs run fast", "it rains today", "the band plays"])
+    calls = []
+    handle = encoder.transformer.register_full_backward_hook(lambda *a: calls.append(1))
+    model.training_loss({"sentence": features})  # noise ascent runs inside, with autograd.grad on the noise only
+    handle.remove()
+    assert calls == []
+
+
+@pytest.mark.parametrize("args, message", [
+    ({"phi": 1.5}, "phi must be in"),
+    ({"phi": 0.0}, "phi must be in"),
+    ({"temperature": -0.05}, "temperature must be positive"),
+    ({"noise_ratio": -1.0}, "noise_ratio"),
+])
+def test_dclr_bad_settings(tiny_model_dir, args, message):
+    with pytest.raises(ValueError, match=message):
+        DCLR(SentenceEncoder(tiny_model_dir), complementary_model=tiny_model_dir, **args)
+
+
+def test_dclr_complementary_of_another_size_is_an_error(tiny_model_dir):
+    with pytest.raises(ValueError, match="complementary_model: its embeddings have 384 dimensions, the encoder's 32"):
+        DCLR(SentenceEncoder(tiny_model_dir), complementary_model="sentence-transformers/all-MiniLM-L6-v2")
+
+
+def test_batch_of_one_is_an_error(tiny_model_dir, fixtures_dir):
+    dm = WikiDataModule(str(fixtures_dir / "sentences.txt"), per_device_batch_size=1)
+    dm.attach_encoder(SentenceEncoder(tiny_model_dir))
+    with pytest.raises(ValueError, match="per_device_batch_size: in-batch negatives need a global batch of at least 2"):
+        dm.setup("fit")
+
+
+def test_triplet_file_and_missing_columns(tmp_path, tiny_model_dir):
+    good = tmp_path / "t.tsv"
+    good.write_text("anchor\tpositive\tnegative\na\tb\tc\nd\te\tf\n")
+    dm = NLIDataModule([str(good)], view="triplets", per_device_batch_size=2)
+    dm.attach_encoder(SentenceEncoder(tiny_model_dir))
+    dm.setup("fit")
+    assert dm.train_dataset["anchor"] == ["a", "d"]
+    bad = tmp_path / "p.tsv"
+    bad.write_text("anchor\tpositive\na\tb\n")
+    dm = NLIDataModule([str(bad)], view="triplets", per_device_batch_size=2)
+    dm.attach_encoder(SentenceEncoder(tiny_model_dir))
+    with pytest.raises(DataError, match=r"missing column\(s\) \['negative'\]"):
+        dm.setup("fit")
+
+
+def test_simcse_two_views_differ_in_training(tmp_path, tiny_model_dir, fixtures_dir):
+    """Dropout must be on while training, or SimCSE's positive is the anchor itself."""
+    config = objective_config(tmp_path, tiny_model_dir, fixtures_dir, "SimCSE", "WikiDataModule",
+                              encoder_args=SIMCSE_ENCODER)
+    cli = train.main(["--config", config])
+    assert cli.trainer.callback_metrics["train/alignment"] > 0
