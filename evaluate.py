@@ -2,6 +2,7 @@
 
     python evaluate.py --ckpt_path RUN.ckpt --sts_dir DIR [--tasks [sts12,stsb]] [--output results.json]
     python evaluate.py --model sentence-transformers/all-MiniLM-L6-v2 --sts_dir DIR
+    python evaluate.py --ckpt_path RUN.ckpt --export DIR [--sts_dir DIR]   # a sentence-transformers directory
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from datamodules import STS_TASKS
 from lightning_modules.checkpoint import encoder_from_checkpoint
 from lightning_modules.cli import exit_on_user_error
 from lightning_modules.encoder import SentenceEncoder, pooling_of_sentence_transformers_dir
+from lightning_modules.export import check_export_dir, check_exportable, export_run
 from lightning_modules.hub import resolve_model_name
 from lightning_modules.sts_eval import evaluate_sts, format_table
 
@@ -35,7 +37,7 @@ def load_encoder(ckpt_path: Optional[str], model: Optional[str], pooling: Option
 
 @exit_on_user_error
 def evaluate(
-    sts_dir: str,
+    sts_dir: Optional[str] = None,
     ckpt_path: Optional[str] = None,
     model: Optional[str] = None,
     pooling: Optional[Literal["mean", "max", "cls", "cls_before_pooler"]] = None,
@@ -44,6 +46,7 @@ def evaluate(
     batch_size: int = 64,
     precision: Literal["32", "bf16", "16"] = "32",
     device: Optional[str] = None,
+    export: Optional[str] = None,
 ) -> dict:
     """Evaluate sentence embeddings on the STS tasks (Spearman x 100 of cosine similarity).
 
@@ -57,12 +60,25 @@ def evaluate(
         batch_size: sentences per encoding batch.
         precision: 32, or bf16/16 autocast.
         device: cpu, cuda, ... (default: cuda when available).
+        export: also write the model as a sentence-transformers directory here (new or empty),
+            with a model card holding the STS results when --sts_dir is given.
     """
+    if export is not None:
+        check_export_dir(export)  # before any work
+    elif sts_dir is None:
+        raise ValueError("give --sts_dir (evaluate), --export (export) or both")
+    if sts_dir is None and output is not None:
+        raise ValueError("--output needs --sts_dir: there are no results to write")
     if output is not None and os.path.exists(output):
         raise FileExistsError(f"{output}: already exists; choose another --output (results are never overwritten)")
     encoder, name = load_encoder(ckpt_path, model, pooling)
+    if export is not None:
+        check_exportable(encoder)  # before minutes of evaluation
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     encoder.to(device)
+    if sts_dir is None:
+        export_run(encoder, export, ckpt_path, source=name)
+        return {}
     results = evaluate_sts(
         lambda s: encoder.encode(s, batch_size=batch_size, precision=precision), sts_dir, tasks
     )
@@ -71,6 +87,8 @@ def evaluate(
         with open(output, "x") as f:
             json.dump({"model": name, "pooling": encoder.pooling, "precision": precision, **results}, f, indent=2)
         print(f"results written to {output}")
+    if export is not None:
+        export_run(encoder, export, ckpt_path, results, precision, source=name)
     return results
 
 

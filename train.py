@@ -1,16 +1,18 @@
 """Train any objective: ``python train.py --config configs/X.yaml [--trainer.max_steps 200 ...]``."""
 from __future__ import annotations
 
-from lightning_modules.cli import SentenceCLI, exit_on_user_error
+from lightning_modules.cli import SentenceCLI, check_output_dirs, exit_on_user_error, resolve_resume
 
 
 @exit_on_user_error
 def main(args: list[str] | None = None) -> SentenceCLI:
     cli = SentenceCLI(args=args)
     cli.model.run_config = cli.parser.dump(cli.config, skip_none=False, skip_check=True)
-    if cli.config.validate_first and cli.config.ckpt_path is None:
+    check_output_dirs(cli.trainer)
+    ckpt_path = resolve_resume(cli.config.ckpt_path, cli.trainer, cli.model)
+    if cli.config.validate_first and ckpt_path is None:
         cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.ckpt_path)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
     log_dir = cli.trainer.log_dir  # a collective call under DDP: every rank must make it
     if cli.trainer.is_global_zero:
         callback = cli.trainer.checkpoint_callback

@@ -12,7 +12,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from .batching import PadCollator, SentenceBatchSampler
-from .io import DataError, check_text_columns, load_source, parse_scores, require_columns
+from .io import DataError, check_text_columns, load_source, parse_scores, require_columns, token_counts
 
 log = logging.getLogger(__name__)
 
@@ -92,14 +92,16 @@ class SentenceDataModule(L.LightningDataModule):
         self.train_dataset: datasets.Dataset | None = None
         self.val_datasets: dict[str, datasets.Dataset] = {}
         self.train_sampler: SentenceBatchSampler | None = None
+        self._resumed_position = False
 
     # -- what subclasses provide -------------------------------------------------------------
     def load_train_rows(self) -> datasets.Dataset:
         """The training rows with the subclass's text (and label) columns, validated."""
         raise NotImplementedError
 
-    def unique_keys(self, ds: datasets.Dataset) -> list[tuple[str, ...]] | None:
-        """Keys that must not repeat inside a batch (in-batch negatives); None = no constraint."""
+    def unique_keys(self, ds: datasets.Dataset) -> Sequence[Sequence[Any]] | None:
+        """Keys that must not repeat inside a batch (in-batch negatives), e.g. ``io.sentence_ids``'
+        (N, k) integer array; None = no constraint."""
         return None
 
     # -- shared machinery ------------------------------------------------------------------
@@ -148,7 +150,7 @@ class SentenceDataModule(L.LightningDataModule):
             keys = self.unique_keys(rows)
             self.train_dataset = self.tokenize(rows, self.text_columns, encoder.max_seq_length)
             first = f"{self.text_columns[0]}_ids"
-            lengths = [len(ids) for ids in self.train_dataset[first]] if self.group_by_length else [0] * len(rows)
+            lengths = token_counts(self.train_dataset, first) if self.group_by_length else [0] * len(rows)
             world, rank = self._world()
             if self.needs_in_batch_negatives and self.per_device_batch_size * world < 2:
                 raise ValueError("data.per_device_batch_size: in-batch negatives need a global batch of at least 2")
@@ -180,14 +182,42 @@ class SentenceDataModule(L.LightningDataModule):
         return PadCollator(text_columns, self._get_encoder().tokenizer.pad_token_id or 0, label_columns)
 
     def train_dataloader(self) -> DataLoader:
-        if self.trainer is not None:
+        if self._resumed_position:
+            # A checkpoint's position was restored (load_state_dict); Lightning may ask for the
+            # loader before it restores its own epoch counter, so the sampler's epoch wins once.
+            self._resumed_position = False
+        elif self.trainer is not None:
             self.train_sampler.set_epoch(self.trainer.current_epoch)
         columns = [f"{c}_ids" for c in self.text_columns] + list(self.label_columns)
         return DataLoader(
             self.train_dataset.select_columns(columns), batch_sampler=self.train_sampler,
             collate_fn=self._collator(self.text_columns, self.label_columns), num_workers=self.num_workers,
-            persistent_workers=self.num_workers > 0,
+            persistent_workers=self.num_workers > 0, generator=self._loader_generator(),
         )
+
+    def _loader_generator(self) -> torch.Generator:
+        # Each DataLoader iterator draws a worker seed; from its own generator, that draw leaves the
+        # global RNG (dropout, noise) alone, so validating or resuming does not shift it.
+        return torch.Generator().manual_seed(self.seed)
+
+    # -- resuming mid-epoch: Lightning stores this state in every checkpoint -------------------
+    def state_dict(self) -> dict[str, Any]:
+        if self.train_sampler is None:
+            return {}
+        done = None
+        trainer = self.trainer
+        if trainer is not None and trainer.state.fn == "fit":
+            # The loader reads ahead of training (Lightning prefetches a batch, workers more): the
+            # epoch continues after the batches training has finished, never after those merely
+            # fetched. The sampler's own count bounds it when a new epoch has begun but not its loop.
+            finished = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+            done = min(finished, self.train_sampler.batches_yielded)
+        return {"train_sampler": self.train_sampler.state_dict(batches_done=done)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if "train_sampler" in state_dict and self.train_sampler is not None:
+            self.train_sampler.load_state_dict(state_dict["train_sampler"])
+            self._resumed_position = True
 
     def val_dataloader(self) -> list[DataLoader]:
         # Every rank sees the whole dev set (no distributed sampler, whose padding repeats
@@ -196,7 +226,7 @@ class SentenceDataModule(L.LightningDataModule):
             DataLoader(
                 ds.select_columns(["sentence1_ids", "sentence2_ids", "score"]), batch_size=self.eval_batch_size,
                 shuffle=False, collate_fn=self._collator(["sentence1", "sentence2"], ["score"]),
-                num_workers=self.num_workers,
+                num_workers=self.num_workers, generator=self._loader_generator(),
             )
             for ds in self.val_datasets.values()
         ]

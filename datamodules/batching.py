@@ -1,12 +1,16 @@
 """Batch construction shared by every DataModule: padding collate and the batch sampler."""
 from __future__ import annotations
 
+import logging
 import random
-from collections import deque
+from collections import Counter, deque
 from typing import Any, Iterator, Sequence
 
+import numpy as np
 import torch
 from torch.utils.data import Sampler
+
+log = logging.getLogger(__name__)
 
 
 class PadCollator:
@@ -54,8 +58,9 @@ class SentenceBatchSampler(Sampler[list[int]]):
             it is completed by wrapping around to the first examples when several ranks need equal shares.
         group_by_length: sort within random chunks of ``chunk_batches`` batches by length, then
             shuffle the batches: less padding, while the chunk's batches stay randomly composed.
-        unique_keys: per-example hashable keys (e.g. its sentences); no two examples sharing a key
-            land in one global batch, because a duplicate is a false in-batch negative.
+        unique_keys: per-example hashable keys (e.g. its sentences), or an (N, k) integer array of
+            them (``io.sentence_ids``); no two examples sharing a key land in one global batch,
+            because a duplicate is a false in-batch negative.
     """
 
     def __init__(
@@ -65,7 +70,7 @@ class SentenceBatchSampler(Sampler[list[int]]):
         shuffle: bool = True,
         drop_last: bool = False,
         group_by_length: bool = False,
-        unique_keys: Sequence[Sequence[Any]] | None = None,
+        unique_keys: Sequence[Sequence[Any]] | np.ndarray | None = None,
         seed: int = 0,
         num_replicas: int = 1,
         rank: int = 0,
@@ -79,16 +84,27 @@ class SentenceBatchSampler(Sampler[list[int]]):
         self.drop_last = drop_last
         self.group_by_length = group_by_length
         self.unique_keys = unique_keys
+        self._shared: list[bool] | None = None  # built on first use
         self.seed = seed
         self.num_replicas = num_replicas
         self.rank = rank
         self.chunk_batches = chunk_batches
         self.epoch = 0
-        self.skip_batches = 0  # set when resuming mid-epoch
+        self.skip_batches = 0  # set when resuming mid-epoch (load_state_dict)
+        self.batches_yielded = 0  # of the current epoch, skipped ones included
         self._global_batches: list[list[int]] | None = None
         self._built_for_epoch = -1
 
+    @property
+    def sampler(self) -> "SentenceBatchSampler":
+        # Lightning calls set_epoch on ``loader.sampler`` and ``loader.batch_sampler.sampler`` at
+        # each epoch start, never on the batch sampler itself: without this every epoch would
+        # repeat the first one's order.
+        return self
+
     def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.batches_yielded = 0
         self.epoch = epoch
 
     def _order(self) -> list[int]:
@@ -107,31 +123,58 @@ class SentenceBatchSampler(Sampler[list[int]]):
     def _split(self, order: list[int], size: int) -> list[list[int]]:
         if self.unique_keys is None:
             return [order[i:i + size] for i in range(0, len(order), size)]
-        batches, batch, seen, deferred = [], [], set(), deque()
+        shared = self._shared_mask()
+        keys = self.unique_keys
+        as_ints = isinstance(keys, np.ndarray)
+        keys_of = (lambda i: frozenset(keys[i].tolist())) if as_ints else (lambda i: frozenset(keys[i]))
+        # An example whose keys no other example has can never collide: it skips the set work.
+        # Deferred examples wait grouped by key set, each group in deferral order. When a batch is
+        # full the next one first retries them in deferral order; within one group only the head
+        # can be taken (once it is, the rest share its keys), so looking at group heads takes the
+        # same examples as looking at every deferred one, without rescanning thousands of copies
+        # of one sentence for every batch (that made the old loop quadratic).
+        groups: dict[frozenset, deque] = {}
+        waiting = 0  # deferral counter: the order among deferred examples
+        batches, batch, seen = [], [], set()
         for idx in order:
-            keys = set(self.unique_keys[idx])
-            if keys & seen:
-                deferred.append(idx)
-                continue
+            if shared[idx]:
+                example_keys = keys_of(idx)
+                if example_keys & seen:
+                    groups.setdefault(example_keys, deque()).append((waiting, idx))
+                    waiting += 1
+                    continue
+                seen |= example_keys
             batch.append(idx)
-            seen |= keys
             if len(batch) == size:
                 batches.append(batch)
                 batch, seen = [], set()
-                for _ in range(len(deferred)):  # retry deferred examples once per new batch
-                    cand = deferred.popleft()
-                    cand_keys = set(self.unique_keys[cand])
-                    if len(batch) < size and not cand_keys & seen:
-                        batch.append(cand)
-                        seen |= cand_keys
-                    else:
-                        deferred.append(cand)
+                for _, group_keys in sorted((g[0][0], k) for k, g in groups.items()):  # retry, oldest first
+                    if len(batch) == size:
+                        break
+                    if not group_keys & seen:
+                        group = groups[group_keys]
+                        batch.append(group.popleft()[1])
+                        seen |= group_keys
+                        if not group:
+                            del groups[group_keys]
                 if len(batch) == size:
                     batches.append(batch)
                     batch, seen = [], set()
-        rest = batch + list(deferred)  # duplicates that found no place: only in trailing batches
+        deferred = [idx for _, idx in sorted(x for g in groups.values() for x in g)]
+        rest = batch + deferred  # duplicates that found no place: only in trailing batches
         batches.extend(rest[i:i + size] for i in range(0, len(rest), size))
         return batches
+
+    def _shared_mask(self) -> list[bool]:
+        """Per example: does another example (or the example itself, twice) have one of its keys."""
+        if self._shared is None:
+            keys = self.unique_keys
+            if isinstance(keys, np.ndarray):  # (N, k) integer ids
+                self._shared = (np.bincount(keys.ravel())[keys] > 1).any(axis=1).tolist()
+            else:
+                counts = Counter(k for row in keys for k in row)
+                self._shared = [any(counts[k] > 1 for k in row) for row in keys]
+        return self._shared
 
     def global_batches(self) -> list[list[int]]:
         if self._built_for_epoch != self.epoch or self._global_batches is None:
@@ -153,7 +196,9 @@ class SentenceBatchSampler(Sampler[list[int]]):
     def __iter__(self) -> Iterator[list[int]]:
         batches = self.global_batches()
         start, self.skip_batches = self.skip_batches, 0
+        self.batches_yielded = start
         for batch in batches[start:]:
+            self.batches_yielded += 1
             if self.num_replicas == 1:
                 yield batch
             else:
@@ -162,3 +207,39 @@ class SentenceBatchSampler(Sampler[list[int]]):
 
     def __len__(self) -> int:
         return len(self.global_batches())
+
+    # -- resuming mid-epoch --------------------------------------------------------------------
+    def state_dict(self, batches_done: int | None = None) -> dict[str, int]:
+        """Where the epoch stands: its number and how many of its batches are done.
+
+        ``batches_done`` defaults to the batches yielded so far; a data loader reads ahead of
+        training, so a caller that knows how many batches training has finished passes that.
+        The rest identifies the batch order, to detect a resume with other data or settings.
+        """
+        return {"epoch": self.epoch, "batches_done": self.batches_yielded if batches_done is None else batches_done,
+                "num_batches": len(self), "num_examples": len(self.lengths), "seed": self.seed,
+                "num_replicas": self.num_replicas}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue the saved epoch after its finished batches: the next ``iter()`` yields the rest.
+
+        The order is rebuilt from seed and epoch, so nothing is replayed or skipped as long as the
+        data, batch size, seed and number of devices are those of the saved run; otherwise the
+        run continues from the same fraction of the epoch, with a warning.
+        """
+        self.set_epoch(int(state["epoch"]))
+        done = int(state["batches_done"])
+        same = all(state.get(k) == v for k, v in (("num_examples", len(self.lengths)), ("seed", self.seed),
+                                                   ("num_replicas", self.num_replicas)))
+        if not same or state["num_batches"] != len(self):
+            log.warning(
+                "resuming with other training data or settings (%d examples, seed %d, %d devices, %d batches per "
+                "epoch; the checkpoint had %s, %s, %s, %s): the batch order differs, so some examples of this epoch "
+                "may be seen twice or not at all", len(self.lengths), self.seed, self.num_replicas, len(self),
+                state.get("num_examples"), state.get("seed"), state.get("num_replicas"), state["num_batches"],
+            )
+            done = round(done * len(self) / max(1, state["num_batches"]))
+        if done >= len(self):  # saved after the epoch's last batch: the next epoch starts from its beginning
+            self.set_epoch(self.epoch + 1)
+            done = 0
+        self.skip_batches = self.batches_yielded = done

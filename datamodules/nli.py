@@ -8,7 +8,7 @@ from typing import Literal
 import datasets
 
 from .base import SentenceDataModule
-from .io import DataError, check_text_columns, describe_row, drop_rows, load_source, require_columns
+from .io import DataError, check_text_columns, describe_row, drop_rows, load_source, require_columns, sentence_ids
 
 log = logging.getLogger(__name__)
 
@@ -129,4 +129,4 @@ class NLIDataModule(SentenceDataModule):
     def unique_keys(self, ds: datasets.Dataset):
         if not self.needs_in_batch_negatives:
             return None
-        return list(zip(*(ds[c] for c in self.text_columns)))
+        return sentence_ids(ds, self.text_columns)  # (N, columns): a sentence has one id in every column

@@ -4,7 +4,7 @@ from __future__ import annotations
 import datasets
 
 from .base import SentenceDataModule
-from .io import check_text_columns, drop_rows, load_source, require_columns
+from .io import check_text_columns, drop_rows, load_source, require_columns, sentence_ids
 
 
 class WikiDataModule(SentenceDataModule):
@@ -50,4 +50,4 @@ class WikiDataModule(SentenceDataModule):
             if self.text_column != "sentence" else ds.select_columns(["sentence"])
 
     def unique_keys(self, ds: datasets.Dataset):
-        return [(s,) for s in ds["sentence"]]
+        return sentence_ids(ds, ["sentence"])  # (N, 1): equal sentences, equal ids

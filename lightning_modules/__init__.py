@@ -14,6 +14,8 @@ _EXPORTS = {
     "MNR": "mnr",
     "SimCSE": "simcse",
     "DCLR": "dclr",
+    "FILMObjective": "film",
+    "FILMEncoder": "film",
 }
 
 __all__ = list(_EXPORTS)

@@ -2,19 +2,51 @@
 from __future__ import annotations
 
 import functools
+import glob
 import os
 import sys
+import tempfile
+import warnings
+from datetime import timedelta
 from typing import Callable, Optional
 
+import yaml
+from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
+from lightning.pytorch.strategies import DDPStrategy, StrategyRegistry
+from lightning.pytorch.utilities import rank_zero_info
 
 from datamodules import SentenceDataModule
 from datamodules.io import DataError
 
 from .base import SentenceEmbeddingModule
-from .callbacks import SaveFinalState
+from .callbacks import NonFiniteLossError, PeriodicCheckpoint, Preemption, RandomState, SaveFinalState, \
+    StopOnNonFiniteLoss
+from .checkpoint import AtomicCheckpointIO, CheckpointError, CheckpointWriteError, load_checkpoint, newest_checkpoint
 from .hub import ModelResolutionError
+
+# Every DataModule of the CLI is a SentenceDataModule, which restores its place in the epoch
+# itself (its state_dict); Lightning only knows stateful DataLoaders and would warn on every resume.
+warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
+
+
+class SaveConfig(SaveConfigCallback):
+    """Lightning's SaveConfigCallback (never overwrites a run's ``config.yaml``), except that a run
+    may find its own, identical config there: a requeued SLURM job keeps its job id, so Lightning
+    logs it into the same version directory, and it continues that run."""
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if not self.already_saved and self.save_to_log_dir and not self.overwrite:
+            path = os.path.join(trainer.log_dir, self.config_filename)  # log_dir: every rank takes part
+            same = False
+            if trainer.is_global_zero and os.path.isfile(path):
+                with open(path) as f:
+                    same = yaml.safe_load(f) == yaml.safe_load(self.parser.dump(self.config, skip_none=False))
+            if trainer.strategy.broadcast(same):
+                self.already_saved = True
+                return
+        super().setup(trainer, pl_module, stage)
 
 
 class SentenceCLI(LightningCLI):
@@ -23,10 +55,17 @@ class SentenceCLI(LightningCLI):
     Any objective (``model.class_path``) and DataModule (``data.class_path``) of the project;
     the best checkpoint is kept by ``val/stsb_spearman`` (``--checkpoint.monitor`` changes it).
     A typo in a key or a wrong type fails before any work, naming the key.
+
+    Every run also gets: ``last.ckpt`` refreshed every 30 minutes of training
+    (``--last_checkpoint.*``), a checkpoint and a clean exit on SIGTERM/SIGUSR1 (``Preemption``),
+    a stop at the first non-finite loss, random states in checkpoints, checkpoints written
+    atomically and read with ``weights_only=True``, and under DDP a bounded wait for a dead rank
+    (``--ddp_timeout_minutes``).
     """
 
     def __init__(self, **kwargs) -> None:
         kwargs.setdefault("save_config_kwargs", {"overwrite": False})
+        kwargs.setdefault("save_config_callback", SaveConfig)
         super().__init__(
             SentenceEmbeddingModule, SentenceDataModule, subclass_mode_model=True, subclass_mode_data=True,
             run=False, **kwargs,
@@ -34,11 +73,19 @@ class SentenceCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--ckpt_path", type=Optional[str], default=None,
-                            help="checkpoint to resume from ('last' = the newest in this run directory)")
+                            help="checkpoint to resume from; 'last' = the newest readable checkpoint of this "
+                                 "default_root_dir's runs (none yet: start from scratch)")
         parser.add_argument("--validate_first", type=bool, default=True,
                             help="validate the start model before training (the step-0 point of every val/ curve)")
+        parser.add_argument("--ddp_timeout_minutes", type=float, default=15.0,
+                            help="DDP: how long a rank waits in a collective before the job fails, which bounds "
+                                 "the hang when another rank dies (raise it if prepare_data downloads take longer)")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.add_lightning_class_args(SaveFinalState, "save_final_state")
+        parser.add_lightning_class_args(PeriodicCheckpoint, "last_checkpoint")
+        parser.add_lightning_class_args(Preemption, "preemption")
+        parser.add_lightning_class_args(StopOnNonFiniteLoss, "stop_on_nonfinite_loss")
+        parser.add_lightning_class_args(RandomState, "random_state")
         parser.set_defaults({
             "checkpoint.monitor": "val/stsb_spearman",
             "checkpoint.mode": "max",
@@ -49,12 +96,114 @@ class SentenceCLI(LightningCLI):
             "trainer.use_distributed_sampler": False,
         })
 
+    def instantiate_trainer(self, **kwargs):
+        config = self._get(self.config_init, "trainer", default={})
+        plugins = config.get("plugins")
+        plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            kwargs["plugins"] = [*plugins, AtomicCheckpointIO()]
+        strategy = config.get("strategy")
+        if isinstance(strategy, str) and strategy in StrategyRegistry:
+            entry = StrategyRegistry[strategy]
+            if issubclass(entry["strategy"], DDPStrategy):
+                timeout = timedelta(minutes=self._get(self.config_init, "ddp_timeout_minutes"))
+                kwargs["strategy"] = entry["strategy"](**entry["init_params"], timeout=timeout)
+        return super().instantiate_trainer(**kwargs)
 
+
+# -- before training: output directories and the checkpoint to resume -------------------------------
+class OutputDirectoryError(ValueError):
+    """default_root_dir (or the logger's or checkpoints' directory) cannot be written."""
+
+
+def check_output_dirs(trainer) -> None:
+    """Fail at start-up, naming the path, when the run could not write its logs or checkpoints."""
+    paths = [trainer.default_root_dir]
+    if trainer.logger is not None and getattr(trainer.logger, "save_dir", None):
+        paths.append(trainer.logger.save_dir)
+    callback = trainer.checkpoint_callback
+    if isinstance(callback, ModelCheckpoint) and callback.dirpath:
+        paths.append(callback.dirpath)
+    for path in dict.fromkeys(str(p) for p in paths):
+        if "://" in path:
+            continue  # remote storage: nothing cheap to check
+        try:
+            os.makedirs(path, exist_ok=True)
+            with tempfile.TemporaryFile(dir=path):
+                pass
+        except OSError as err:
+            raise OutputDirectoryError(f"{path}: the run's output directory is not writable: {err.strerror or err}") \
+                from None
+
+
+def checkpoint_dirs(trainer) -> list[str]:
+    """Where the runs of this ``default_root_dir`` keep checkpoints (each run has its own version dir)."""
+    callback = trainer.checkpoint_callback
+    if isinstance(callback, ModelCheckpoint) and callback.dirpath:
+        return [str(callback.dirpath)]
+    logger = trainer.logger
+    if logger is not None and getattr(logger, "root_dir", None):
+        return sorted(glob.glob(os.path.join(str(logger.root_dir), "*", "checkpoints")))
+    return [os.path.join(str(trainer.default_root_dir), "checkpoints")]
+
+
+def resolve_resume(ckpt_path: str | None, trainer, model) -> str | None:
+    """The checkpoint ``fit`` resumes from, checked before any training.
+
+    ``last`` is the newest readable checkpoint in :func:`checkpoint_dirs` (a checkpoint truncated
+    by a crash is skipped), or None on a first run, so one command line (a SLURM script) serves
+    the first run and every requeued one. A path must be a whole checkpoint of the configured
+    objective, with weights of the configured model's shapes.
+    """
+    if ckpt_path is None:
+        return None
+    if ckpt_path == "last":
+        found = newest_checkpoint(checkpoint_dirs(trainer))
+        if found is None:
+            rank_zero_info(f"--ckpt_path last: no checkpoint under {trainer.default_root_dir} yet; starting afresh")
+            return None
+        path, checkpoint = found
+        rank_zero_info(f"--ckpt_path last: resuming from {path} (step {checkpoint.get('global_step')})")
+    else:
+        path, checkpoint = ckpt_path, load_checkpoint(ckpt_path, mmap=True)
+    if "state_dict" not in checkpoint or "loops" not in checkpoint:
+        raise CheckpointError(f"{path}: not a training checkpoint (no state_dict/loops); cannot resume from it")
+    expected = f"{type(model).__module__}.{type(model).__qualname__}"
+    found_objective = checkpoint.get("objective")
+    if found_objective is not None and found_objective != expected:
+        raise CheckpointError(f"{path}: a checkpoint of {found_objective}, but this run trains {expected}; "
+                              "resume with the config it was trained with (its config.yaml)")
+    mine = model.state_dict()
+    for key, value in checkpoint["state_dict"].items():
+        if key in mine and tuple(mine[key].shape) != tuple(value.shape):
+            raise CheckpointError(f"{path}: weight {key} has shape {list(value.shape)}, this model's "
+                                  f"{list(mine[key].shape)}; resume with the config it was trained with")
+    return path
+
+
+# -- errors ------------------------------------------------------------------------------------------
 USER_ERRORS = (DataError, ModelResolutionError, ValueError, FileNotFoundError, FileExistsError, PermissionError)
+RUN_ERRORS = (NonFiniteLossError, CheckpointWriteError)  # the run started and stopped for a reason
+
+
+def _raised_in_jsonargparse(err: BaseException) -> bool:
+    tb = err.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and f"{os.sep}jsonargparse{os.sep}" in tb.tb_frame.f_code.co_filename
+
+
+def root_cause(err: BaseException) -> BaseException:
+    """Our own error inside jsonargparse's wrapping ("Does not validate against any of the Union
+    subtypes ..."): an ``__init__`` of one of our classes refused its arguments."""
+    while isinstance(err.__cause__, USER_ERRORS) and _raised_in_jsonargparse(err):
+        err = err.__cause__
+    return err
 
 
 def exit_on_user_error(main: Callable[[], object]) -> Callable[[], object]:
-    """Bad input ends with one line naming the file, line or key, and exit code 2.
+    """Bad input ends with one line naming the file, line or key, and exit code 2; a run that
+    stops for a reason (non-finite loss, a checkpoint it cannot write) with one line and code 3.
 
     Set ``SENTEMB_DEBUG=1`` to see the full traceback instead.
     """
@@ -63,10 +212,10 @@ def exit_on_user_error(main: Callable[[], object]) -> Callable[[], object]:
     def wrapper(*args, **kwargs):
         try:
             return main(*args, **kwargs)
-        except USER_ERRORS as err:
+        except (*USER_ERRORS, *RUN_ERRORS) as err:
             if os.environ.get("SENTEMB_DEBUG"):
                 raise
-            print(f"error: {err}", file=sys.stderr)
-            sys.exit(2)
+            print(f"error: {root_cause(err)}", file=sys.stderr)
+            sys.exit(3 if isinstance(err, RUN_ERRORS) else 2)
 
     return wrapper

@@ -1,0 +1,157 @@
+"""Model FLOPs/s in encoding and training, as a fraction of a large matmul's FLOPs/s, same run.
+
+FLOPs counted (the model FLOPs of the tokens the hardware actually computes, padding included;
+the non-padding share is printed alongside):
+  forward, per batch of B sequences padded to width s, over the L transformer layers:
+      2 * P * B * s            every Linear of the layers (P = their weight count: Q, K, V,
+                               attention output, FFN in and out; embeddings, LayerNorms, biases
+                               and BERT's unused pooler are not counted)
+    + 4 * L * B * s^2 * h      attention scores Q K^T and the weighted sum A V (2 s^2 h each)
+  training step = 3 x forward (backward = 2 x forward); the AdamW update is not counted.
+Softmax, GELU, LayerNorm, dropout and the optimizer are work the count ignores, so they
+lower the achieved fraction, as they should.
+
+The ceiling is ``torch.mm`` of two N x N matrices (2 N^3 FLOPs) in bf16 and in fp32, measured
+in the same run, in turns with the model programs (order rotated each repetition); reported is
+the median over repetitions of (model FLOPs/s) / (matmul FLOPs/s of the same precision).
+
+Model: all-MiniLM-L6-v2 (offline). Encoding: ``SentenceEncoder.encode`` (batch 64, real
+sentences, the model's own length-sorted batching). Training: forward + backward + AdamW on
+64 sentences x 2 dropout views (SimCSE-sized) at max length 32.
+
+    python benchmarks/hardware_utilisation.py [--sentences FILE] [--threads 1] [--reps 3]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+from common import ROOT, alternate, machine, print_machine, set_threads
+
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+
+
+def linear_weights_in_layers(transformer: nn.Module) -> int:
+    """P: weights of every nn.Linear inside the transformer's layers (not embeddings, not pooler)."""
+    layers = transformer.encoder.layer
+    return sum(m.weight.numel() for layer in layers for m in layer.modules() if isinstance(m, nn.Linear))
+
+
+def forward_flops(shapes: list[tuple[int, int]], P: int, L: int, h: int) -> float:
+    """Model FLOPs of a forward pass over batches of the given (B, s) shapes."""
+    return float(sum(2 * P * B * s + 4 * L * B * s * s * h for B, s in shapes))
+
+
+def encode_shapes(encoder, sentences: list[str], batch_size: int) -> tuple[list[tuple[int, int]], int]:
+    """The (B, s) shapes encode() runs (token-count order), and the non-padding token count."""
+    ids = encoder.tokenizer(sentences, truncation=True, max_length=encoder.eval_max_length)["input_ids"]
+    lengths = sorted((len(x) for x in ids), reverse=True)
+    shapes = [(len(lengths[i:i + batch_size]), lengths[i]) for i in range(0, len(lengths), batch_size)]
+    return shapes, sum(lengths)
+
+
+def read_sentences(path: str | None) -> list[str]:
+    if path:
+        with open(path, encoding="utf-8") as f:
+            return [line.strip() for line in f if line.strip()]
+    out = []  # default: every sentence of the project's own fixtures
+    for tsv in sorted((ROOT / "tests" / "fixtures" / "sts").glob("*.tsv")):
+        for line in tsv.read_text(encoding="utf-8").splitlines()[1:]:
+            out += [s for s in line.split("\t")[:2] if s.strip()]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sentences", help="one sentence per line (default: the fixture STS sentences)")
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--train_max_length", type=int, default=32)
+    parser.add_argument("--matmul_n", type=int, default=2048)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+
+    from lightning_modules.encoder import SentenceEncoder
+
+    info = machine(set_threads(args.threads))
+    print_machine(info)
+    sentences = read_sentences(args.sentences)
+    encoder = SentenceEncoder(MODEL, max_seq_length=args.train_max_length)
+    cfg = encoder.transformer.config
+    P, L, h = linear_weights_in_layers(encoder.transformer), cfg.num_hidden_layers, cfg.hidden_size
+    bs = args.batch_size
+
+    enc_shapes, real_tokens = encode_shapes(encoder, sentences, bs)
+    enc_flops = forward_flops(enc_shapes, P, L, h)
+    enc_tokens = sum(B * s for B, s in enc_shapes)
+
+    # Three sentences joined: every training sequence fills max length (SimCSE's wiki sentences do).
+    joined = [" ".join(sentences[i:i + 3]) for i in range(0, len(sentences), 3)]
+    train_sentences = (joined * (bs // max(len(joined), 1) + 1))[:bs]
+    features = encoder.tokenize(train_sentences)  # truncated at train_max_length
+    features = {k: torch.cat([v, v]) for k, v in features.items()}  # (2B, s): two dropout views
+    B2, s = features["input_ids"].shape
+    train_flops = 3 * forward_flops([(B2, s)], P, L, h)
+    train_real = int(features["attention_mask"].sum())
+    optimizer = torch.optim.AdamW([p for p in encoder.parameters() if p.requires_grad], lr=1e-5)
+
+    def train_step(dtype):
+        def step():
+            encoder.train()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+                loss = encoder(features).float().pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return step
+
+    n = args.matmul_n
+    mats = {dt: (torch.randn(n, n).to(dt), torch.randn(n, n).to(dt)) for dt in (torch.float32, torch.bfloat16)}
+    mm_reps = 5
+    mm_flops = 2.0 * n ** 3 * mm_reps
+
+    def matmul(dt):
+        a, b = mats[dt]
+        return lambda: [torch.mm(a, b) for _ in range(mm_reps)]
+
+    programs = {
+        "matmul fp32": matmul(torch.float32), "matmul bf16": matmul(torch.bfloat16),
+        "encode fp32": lambda: encoder.encode(sentences, batch_size=bs),
+        "encode bf16": lambda: encoder.encode(sentences, batch_size=bs, precision="bf16"),
+        "train fp32": train_step("32"), "train bf16": train_step("bf16"),
+    }
+    flops = {"matmul fp32": mm_flops, "matmul bf16": mm_flops, "encode fp32": enc_flops, "encode bf16": enc_flops,
+             "train fp32": train_flops, "train bf16": train_flops}
+    for fn in programs.values():  # warm-up
+        fn()
+    t = alternate(programs, args.reps)
+    gflops = {k: statistics.median(flops[k] / s / 1e9 for s in t.wall[k]) for k in programs}
+    fraction = {}
+    for k in ("encode fp32", "encode bf16", "train fp32", "train bf16"):
+        ceiling = "matmul " + k.split()[1]
+        fraction[k] = statistics.median((flops[k] / a) / (mm_flops / b) for a, b in zip(t.wall[k], t.wall[ceiling]))
+
+    print(f"\nMiniLM-L6: P = {P:,} layer weights, L = {L}, h = {h}; matmul {n}x{n}")
+    print(f"encode: {len(sentences)} sentences, {enc_tokens:,} tokens computed ({real_tokens / enc_tokens:.0%} non-padding), "
+          f"{enc_flops / 1e9:.1f} GFLOP per pass")
+    print(f"train step: {B2} x {s} tokens ({train_real / (B2 * s):.0%} non-padding), {train_flops / 1e9:.1f} GFLOP")
+    print(f"\n| program | GFLOP/s (median of {args.reps}) | fraction of same-precision matmul |")
+    print("|---|---|---|")
+    for k in programs:
+        print(f"| {k} | {gflops[k]:.1f} | " + (f"{fraction[k]:.0%} |" if k in fraction else "100% (ceiling) |"))
+    met = fraction["train bf16"] >= 0.6
+    print(f"target: bf16 training >= 60% of the bf16 matmul ceiling: {'met' if met else 'MISSED'} "
+          f"({fraction['train bf16']:.0%})")
+    print(json.dumps({"benchmark": "hardware_utilisation", "machine": info, "P": P, "L": L, "h": h,
+                      "gflops_per_s": {k: round(v, 1) for k, v in gflops.items()},
+                      "fraction_of_matmul": {k: round(v, 3) for k, v in fraction.items()},
+                      "encode_non_padding": round(real_tokens / enc_tokens, 3),
+                      "train_shape": [B2, s], "target_bf16_train_60pct_met": met}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,386 @@
+"""FILM as an objective: low-rank metric learning over TF-IDF or frozen sentence embeddings.
+
+The maths and the solver live in ``film_solver.py``; this file is the plumbing: features, the
+learned map as a model (``FILMEncoder``), the solver step as Lightning's optimizer step, and
+checkpoints that ``torch.load(weights_only=True)`` can read.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from typing import Any, Iterator, Literal, Optional, Sequence
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .base import SentenceEmbeddingModule
+from .encoder import SentenceEncoder
+from .film_solver import FILM, FILMState, tfidf_features
+
+log = logging.getLogger(__name__)
+
+Features = Literal["tfidf", "encoder"]
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run the block with ``n`` torch threads (None: unchanged), then restore the setting."""
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class FILMEncoder(nn.Module):
+    """The model FILM learns: sentence -> features x (L2-normalised) -> ``L x`` (d dims).
+
+    Features are TF-IDF (a scikit-learn ``TfidfVectorizer`` fitted on the training sentences and
+    kept as its vocabulary and idf, so no pickled object is needed to rebuild it) or the embeddings
+    of a frozen ``SentenceEncoder`` (eval mode, no gradients). ``projection`` is FILM's ``L``
+    (d, D), float64 as the solver computes it; before training it is zero, and for TF-IDF it (and
+    ``idf``) only exists once the vocabulary is fitted, since D is the vocabulary's size.
+
+    Args:
+        features: ``tfidf`` or ``encoder``.
+        dim: d, the dimension of the learned space.
+        encoder: the frozen sentence encoder (``features="encoder"`` only).
+        tfidf_args: ``TfidfVectorizer`` keyword arguments (``features="tfidf"`` only).
+        vocabulary: the fitted TF-IDF vocabulary, one term per feature (rebuilding from a checkpoint).
+    """
+
+    def __init__(
+        self,
+        features: Features,
+        dim: int,
+        encoder: SentenceEncoder | None = None,
+        tfidf_args: dict[str, Any] | None = None,
+        vocabulary: Sequence[str] | None = None,
+    ) -> None:
+        super().__init__()
+        if features not in ("tfidf", "encoder"):
+            raise ValueError(f"features must be 'tfidf' or 'encoder', got {features!r}")
+        if features == "encoder" and encoder is None:
+            raise ValueError("model.encoder: features='encoder' needs a frozen SentenceEncoder (e.g. all-MiniLM-L6-v2)")
+        if features == "tfidf" and encoder is not None:
+            raise ValueError("model.encoder is only used with features='encoder'; remove it or set features: encoder")
+        self.features = features
+        self.dim = dim
+        self.tfidf_args = dict(tfidf_args or {})
+        self.vocabulary = list(vocabulary or [])
+        self.base = encoder.requires_grad_(False).eval() if encoder is not None else None
+        width = encoder.dim if encoder is not None else len(self.vocabulary) or None
+        self.register_buffer("projection", torch.zeros(dim, width, dtype=torch.float64) if width else None)  # (d, D)
+        self.register_buffer("idf", torch.zeros(width, dtype=torch.float64) if width and encoder is None else None)
+        self._vectorizer = None
+        self._cache: dict[str, Tensor] = {}  # frozen features of the training and dev sentences
+        # a new idf (a loaded checkpoint) means a new vectorizer
+        self.register_load_state_dict_post_hook(lambda module, keys: setattr(module, "_vectorizer", None))
+
+    @property
+    def config_dict(self) -> dict[str, Any]:
+        """Everything besides the state dict needed to rebuild this model (``from_checkpoint_config``)."""
+        config: dict[str, Any] = {"type": "film", "features": self.features, "dim": self.dim}
+        if self.base is not None:
+            config["encoder"] = dict(self.base.config_dict)
+        else:
+            config["tfidf_args"] = dict(self.tfidf_args)
+            config["vocabulary"] = list(self.vocabulary)
+        return config
+
+    @classmethod
+    def from_checkpoint_config(cls, config: dict[str, Any]) -> "FILMEncoder":
+        """Rebuild the architecture from a checkpoint's ``encoder_config`` (weights loaded after)."""
+        encoder = SentenceEncoder.from_checkpoint_config(config["encoder"]) if "encoder" in config else None
+        return cls(config["features"], config["dim"], encoder, config.get("tfidf_args"), config.get("vocabulary"))
+
+    @property
+    def pooling(self) -> str | None:
+        """The frozen encoder's pooling (what evaluate.py reports); None for TF-IDF."""
+        return self.base.pooling if self.base is not None else None
+
+    # -- features -------------------------------------------------------------------------
+    def fit_features(self, sentences: Sequence[str], also: Sequence[str] = (), batch_size: int = 64,
+                     precision: Literal["32", "bf16", "16"] = "32") -> Tensor | sp.csc_matrix:
+        """Features of the training sentences as FILM wants them, (D, n) with one column per sentence.
+
+        TF-IDF: fits the vectorizer on ``sentences`` (sizing ``projection`` to the vocabulary).
+        Encoder: embeds ``sentences`` and ``also`` (the dev sentences) once and remembers them, so
+        validation never runs the frozen encoder again.
+        """
+        if self.base is None:
+            X, vectorizer = tfidf_features(sentences, **self.tfidf_args)  # (D, n) CSC
+            self._vectorizer = vectorizer
+            self.vocabulary = vectorizer.get_feature_names_out().tolist()
+            self.idf = torch.from_numpy(vectorizer.idf_.astype(np.float64))  # (D,)
+            self.projection = torch.zeros(self.dim, len(self.vocabulary), dtype=torch.float64)  # (d, D)
+            return X
+        new = list(dict.fromkeys(s for s in [*sentences, *also] if s not in self._cache))
+        if new:
+            embeddings = self.base.encode(new, batch_size=batch_size, precision=precision).cpu()  # (N, D)
+            bad = (~torch.isfinite(embeddings).all(dim=1)).nonzero()
+            if len(bad):
+                raise ValueError(
+                    f"the frozen encoder {self.base.config_dict['model_name']!r} gives NaN or inf features for "
+                    f"{len(bad)} of {len(new)} sentences (first: {new[int(bad[0])]!r}); FILM cannot use them"
+                )
+            self._cache.update(zip(new, embeddings))
+        return torch.stack([self._cache[s] for s in sentences], dim=1)  # (D, n)
+
+    def _tfidf(self):
+        if self._vectorizer is None:
+            from sklearn.feature_extraction.text import TfidfVectorizer
+
+            if not self.vocabulary:
+                raise RuntimeError("the TF-IDF vectorizer is not fitted: train the model or load a checkpoint")
+            vectorizer = TfidfVectorizer(**self.tfidf_args, vocabulary={t: i for i, t in enumerate(self.vocabulary)})
+            vectorizer.idf_ = self.idf.cpu().numpy()
+            self._vectorizer = vectorizer
+        return self._vectorizer
+
+    def project(self, sentences: Sequence[str], batch_size: int = 64, precision: Literal["32", "bf16", "16"] = "32",
+                cached: bool = False, device: str | torch.device | None = None) -> Tensor:
+        """``L x`` of each sentence, float64 (N, d). ``cached``: use the remembered frozen features;
+        ``batch_size``, ``precision`` and ``device`` are the frozen encoder's ``encode`` arguments."""
+        if self.base is None:
+            X = self._tfidf().transform(list(sentences))  # (N, D) CSR, rows L2-normalised by sklearn
+            Y = X @ self.projection.cpu().numpy().T  # (N, d)
+            return torch.from_numpy(np.asarray(Y)).to(self.projection.device)
+        if cached and all(s in self._cache for s in sentences):
+            X = torch.stack([self._cache[s] for s in sentences])  # (N, D)
+        else:
+            X = self.base.encode(sentences, batch_size=batch_size, precision=precision, device=device)  # (N, D)
+        X = F.normalize(X.to(self.projection), dim=-1)  # FILM normalises feature columns too
+        return X @ self.projection.T  # (N, d)
+
+    def forward(self, sentences: list[str]) -> Tensor:
+        """Raw sentences -> (B, d) float32, with the remembered features (validation during a fit)."""
+        return self.project(sentences, cached=True).float()
+
+    @torch.inference_mode()
+    def encode(self, sentences: Sequence[str], batch_size: int = 64, normalize: bool = False,
+               precision: Literal["32", "bf16", "16"] = "32", device: str | torch.device | None = None) -> Tensor:
+        """Embed sentences: (N, d) float32 in input order (the ``SentenceEncoder.encode`` interface).
+
+        ``batch_size``, ``precision`` and ``device`` apply to the frozen encoder; TF-IDF ignores them. Features
+        are always computed afresh here, at the precision asked for.
+        """
+        if len(sentences) == 0:
+            return torch.empty(0, self.dim)
+        out = self.project(list(sentences), batch_size=batch_size, precision=precision, device=device).float()
+        return F.normalize(out, dim=-1) if normalize else out
+
+
+class FILMStep(torch.optim.Optimizer):
+    """FILM's solver step seen as a torch optimizer, so Lightning counts it like any optimizer step
+    (``global_step``, ``trainer.max_steps``, checkpoint names).
+
+    ``step()`` is one ``FILM.step``: a Cayley / Barzilai-Borwein / non-monotone-search step, or one
+    M-FILM step. The parameter is a copy of the Stiefel point P (r, d), updated in place. The
+    solver's whole state (reduced coordinates, basis, P, s, step size, line-search reference)
+    is this optimizer's ``state_dict``, as AdamW's moments are AdamW's, so a run resumes exactly
+    (``--ckpt_path``) without recomputing it; tensors, numbers and lists only (weights_only).
+    """
+
+    def __init__(self, solver: FILM, state: FILMState) -> None:
+        self.solver = solver
+        self.film_state = state
+        super().__init__([state.P.detach().clone()], defaults={})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        self.solver.step(self.film_state)
+        self.param_groups[0]["params"][0].copy_(self.film_state.P)
+        return loss
+
+    def state_dict(self) -> dict[str, Any]:
+        film_state = {}
+        for field in dataclasses.fields(FILMState):
+            value = getattr(self.film_state, field.name)
+            if field.name == "t0":
+                continue  # a clock reading: the resumed run keeps its own
+            if field.name == "history":
+                value = value[-4:]  # what the convergence test looks back on
+            elif isinstance(value, torch.Generator):
+                value = value.get_state()
+            film_state[field.name] = value
+        return {**super().state_dict(), "film_state": film_state}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        saved = state_dict.pop("film_state")
+        super().load_state_dict(state_dict)
+        for name, value in saved.items():
+            if name == "rng" and value is not None:
+                value = torch.Generator().set_state(value)
+            setattr(self.film_state, name, value)  # in place: the objective holds the same state
+        self.param_groups[0]["params"][0].copy_(self.film_state.P)
+
+
+class FILMObjective(SentenceEmbeddingModule):
+    """FILM: fast and interpretable low-rank metric learning (Tang & Aw 2020, arXiv:2010.05523).
+
+    Learns ``L = diag(sqrt(s)) P^T R U^T`` (d x D) with P on the Stiefel manifold St(r, d), so that
+    each anchor sentence is closer (dot product in the learned space) to its positives than to its
+    negatives by a margin (hinge averaged per anchor, plus ``l2/2 ||s||^2``); see ``film_solver``.
+    Features are TF-IDF fitted on the training sentences or frozen sentence embeddings, computed once.
+
+    Data: ``datamodules.FILMDataModule``, whose ``train_sentences`` and ``train_triplets`` (anchor,
+    positive, negative indices) this module reads in ``setup``; there are no training batches. Each
+    training step is one solver step (manual optimisation; the solver is the optimizer), logging
+    ``train/loss``, ``train/active_set_size``, ``train/step_size``, ``train/orthogonality_error``,
+    ``train/grad_norm``. The run stops when the solver converges or at ``trainer.max_steps``, and
+    validates once more on its last step. Validation (``val/stsb_spearman`` ...) is the base class's:
+    cosine in the learned space on the dev pairs. The solver's state is the optimizer's state, so
+    ``--ckpt_path`` resumes a run where it stopped. One device only (the solver is full-batch).
+
+    Paper defaults (the solver's): margin 1, l2 1, spectral initialisation, BB step sizes with
+    Zhang-Hager non-monotone search (rho 1e-4, eta 0.85, delta 0.2). The low rank r and d are ours
+    to choose; ``rank: null`` takes ``min(D, n, max(8 d, 256))``.
+
+    Args:
+        features: ``tfidf`` (fitted on the training sentences) or ``encoder`` (frozen ``encoder``).
+        encoder: the frozen sentence encoder for ``features: encoder``.
+        dim: d, the dimension of the learned space.
+        rank: r of the truncated SVD of the features (null: the solver's default above).
+        margin: hinge margin m.
+        l2: lambda of the penalty ``lambda/2 ||s||^2`` (> 0).
+        tol: convergence tolerance (gradient norm, or mean relative loss change over 5 steps).
+        smooth: softplus temperature for the scales s (null: the exact ``max(c/lambda, 0)``; smoothing
+            skips the exact active-set polish and makes each step cheaper).
+        minibatch: anchors per M-FILM step (null: full-batch FILM).
+        minibatch_step: M-FILM's initial normalised step size.
+        whiten: ``R = sqrt(n) S^-1`` (true) or the identity.
+        init: ``spectral`` (top-d eigenvectors with every anchor active) or ``random``.
+        seed: the solver's seed (random init, M-FILM's anchor order, the sparse SVD's start vector).
+        tfidf_ngram_range: word n-grams of the TF-IDF vocabulary.
+        tfidf_min_df: drop terms in fewer training sentences than this.
+        tfidf_sublinear_tf: ``1 + log(tf)`` instead of tf.
+        tfidf_stop_words: scikit-learn's English stop-word list, or none.
+        solver_threads: torch threads while the solver runs (null: torch's setting). Its matrices are
+            small (anchors x r, r x d): on a busy machine more threads mostly wait for cores (on
+            2 shared cores, 1 thread made the steps ~5x faster than 2).
+        encode_batch_size: sentences per batch of the frozen encoder.
+        encode_precision: precision of the frozen encoder when computing training/dev features
+            (evaluate.py's ``--precision`` decides at evaluation).
+        alignment_threshold: rescaled gold score from which a dev pair counts as positive (val/alignment).
+    """
+
+    def __init__(
+        self,
+        features: Features = "tfidf",
+        encoder: Optional[SentenceEncoder] = None,
+        dim: int = 64,
+        rank: Optional[int] = None,
+        margin: float = 1.0,
+        l2: float = 1.0,
+        tol: float = 1e-6,
+        smooth: Optional[float] = None,
+        minibatch: Optional[int] = None,
+        minibatch_step: float = 0.5,
+        whiten: bool = True,
+        init: Literal["spectral", "random"] = "spectral",
+        seed: int = 0,
+        tfidf_ngram_range: tuple[int, int] = (1, 1),
+        tfidf_min_df: int = 1,
+        tfidf_sublinear_tf: bool = False,
+        tfidf_stop_words: Optional[Literal["english"]] = None,
+        solver_threads: Optional[int] = 1,
+        encode_batch_size: int = 64,
+        encode_precision: Literal["32", "bf16", "16"] = "32",
+        alignment_threshold: float = 0.8,
+    ) -> None:
+        if rank is not None and dim > rank:
+            raise ValueError(f"model.dim d={dim} is larger than model.rank r={rank}; need d <= r")
+        if not 1 <= tfidf_ngram_range[0] <= tfidf_ngram_range[1]:
+            raise ValueError(f"model.tfidf_ngram_range must be (low, high), 1 <= low <= high, got {tfidf_ngram_range}")
+        tfidf_args = dict(ngram_range=tuple(tfidf_ngram_range), min_df=tfidf_min_df,
+                          sublinear_tf=tfidf_sublinear_tf, stop_words=tfidf_stop_words)
+        solver = FILM(dim=dim, rank=rank, margin=margin, l2=l2, tol=tol, minibatch=minibatch,  # checks its arguments
+                      minibatch_step=minibatch_step, smooth=smooth, whiten=whiten, init=init, seed=seed)
+        model = FILMEncoder(features, dim, encoder, tfidf_args if features == "tfidf" else None)
+        super().__init__(model, alignment_threshold=alignment_threshold)
+        # FILM has no learning rate or schedule: keep only its own arguments as hyperparameters
+        self.save_hyperparameters(ignore=["encoder"])
+        self.automatic_optimization = False
+        self.solver = solver
+        self._state: FILMState | None = None
+        self._synced_iteration = -1
+
+    def frozen_modules(self) -> list[nn.Module]:
+        return [self.encoder.base] if self.encoder.base is not None else []
+
+    # -- set-up: features, triplets, the solver's initial state ------------------------------
+    def setup(self, stage: str) -> None:
+        super().setup(stage)
+        # "validate" too: train.py validates the start model (FILM's spectral initialisation) first
+        if stage not in ("fit", "validate") or self._state is not None:
+            return
+        if self.trainer.max_steps < 0:
+            raise ValueError("trainer.max_steps: FILM needs a cap on solver steps (e.g. 200); "
+                             "it stops earlier when the solver converges")
+        if self.trainer.world_size > 1:
+            raise ValueError("trainer.devices: FILM's solver is full-batch and runs on one device; use 1")
+        datamodule = self.trainer.datamodule
+        if getattr(datamodule, "train_triplets", None) is None:
+            raise ValueError(f"data: FILM trains on a whole corpus of triplets; use datamodules.FILMDataModule, "
+                             f"not {type(datamodule).__name__}")
+        sentences, triplets = datamodule.train_sentences, datamodule.train_triplets
+        dev = [s for ds in datamodule.val_datasets.values() for column in ("sentence1", "sentence2")
+               for s in ds[column]]
+        X = self.encoder.fit_features(sentences, also=dev, batch_size=self.hparams.encode_batch_size,
+                                      precision=self.hparams.encode_precision)  # (D, n)
+        log.info("FILM: %d x %d %s features, %d triplets", X.shape[0], X.shape[1], self.hparams.features, len(triplets))
+        with torch_threads(self.hparams.solver_threads):
+            self._state = self.solver.init_state(X, triplets)
+        self._sync_projection()
+
+    def configure_optimizers(self) -> FILMStep:
+        return FILMStep(self.solver, self._state)
+
+    # -- training: one solver step per training step -----------------------------------------
+    def training_step(self, batch: Any, batch_idx: int) -> None:
+        with torch_threads(self.hparams.solver_threads):
+            self.optimizers().step()
+        info = self._state.history[-1]
+        self.log("train/loss", info["loss"], prog_bar=True, batch_size=1)
+        for name in ("active_set_size", "step_size", "orthogonality_error", "grad_norm"):
+            self.log(f"train/{name}", float(info[name]), batch_size=1)
+        if self._state.converged or self.trainer.global_step >= self.trainer.max_steps:
+            # Stopping through should_stop makes Lightning validate this last step before it ends,
+            # so the best checkpoint and last.ckpt both see the final map.
+            self.trainer.should_stop = True
+
+    def _sync_projection(self) -> None:
+        """Write the current L into the model (it is only needed for validation, export and saving)."""
+        state = self._state
+        if state is None or self._synced_iteration == state.iteration:
+            return
+        with torch_threads(self.hparams.solver_threads):
+            self.solver.finalize(state)
+        self.encoder.projection.copy_(self.solver.L_)
+        self._synced_iteration = state.iteration
+
+    def on_validation_start(self) -> None:
+        self._sync_projection()
+
+    def on_train_end(self) -> None:
+        self._sync_projection()
+
+    def encode(self, sentences: list[str], **kwargs) -> Tensor:
+        self._sync_projection()
+        return super().encode(sentences, **kwargs)
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Lightning took the state dict before this hook: make sure it holds the current L.
+        self._sync_projection()
+        checkpoint["state_dict"]["encoder.projection"] = self.encoder.projection.detach().clone()
+        super().on_save_checkpoint(checkpoint)

@@ -1,0 +1,84 @@
+"""Faults injected into real training runs by tests/test_reliability.py.
+
+Each is a callback (or an objective) named in a run's YAML, so the run under test is a plain
+``python train.py --config ...`` subprocess that can be killed like a real job. A fault fires
+only where its environment variable says, so the resumed run of the same config is fault-free.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import time
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from lightning_modules.sts_regression import STSRegression
+
+FAULT_ENV = "SENTEMB_TEST_FAULT"  # "<signal name>@<global step>[:rank]", e.g. "SIGKILL@9" or "SIGKILL@2:1"
+
+
+class SignalAtStep(Callback):
+    """Send ``$SENTEMB_TEST_FAULT``'s signal to this process when a training step is about to start."""
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        fault = os.environ.get(FAULT_ENV)
+        if not fault:
+            return
+        name, _, where = fault.partition("@")
+        step, _, rank = where.partition(":")
+        if trainer.global_step == int(step) and trainer.global_rank == int(rank or 0):
+            os.kill(os.getpid(), getattr(signal, name))
+
+
+def row_fingerprints(batch: dict[str, Any]) -> list[str]:
+    """One hash per example of a padded batch: its unpadded token ids (every text column) and labels."""
+    columns = sorted(k for k, v in batch.items() if isinstance(v, dict))
+    size = batch[columns[0]]["input_ids"].shape[0]
+    prints = []
+    for i in range(size):
+        parts = []
+        for c in columns:
+            ids, mask = batch[c]["input_ids"][i], batch[c]["attention_mask"][i]
+            parts.append(ids[mask.bool()].tolist())
+        parts.extend(round(float(v[i]), 6) for k, v in sorted(batch.items()) if isinstance(v, torch.Tensor))
+        prints.append(hashlib.sha1(json.dumps(parts).encode()).hexdigest()[:16])
+    return prints
+
+
+class RecordExamples(Callback):
+    """Append one JSON line per finished training step: the global step and the examples it trained on.
+
+    Written at the end of the step, so a step killed half-way is not counted; flushed at once,
+    so what a SIGKILL leaves behind is complete.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        line = {"pid": os.getpid(), "time": time.time(), "step": trainer.global_step, "epoch": trainer.current_epoch,
+                "rank": trainer.global_rank, "rows": row_fingerprints(batch)}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+
+class NonFiniteAtStep(STSRegression):
+    """STS regression whose loss turns NaN (or +inf) at one global step, for the divergence test."""
+
+    def __init__(self, *args: Any, bad_step: int = 2, bad_value: float = float("nan"), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.bad_step = bad_step
+        self.bad_value = bad_value
+
+    def training_loss(self, batch: dict[str, Any]):
+        loss, logs = super().training_loss(batch)
+        if self.trainer.global_step == self.bad_step:
+            loss = loss * self.bad_value
+        return loss, {**logs, "mse_part": loss.detach()}
