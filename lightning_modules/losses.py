@@ -161,7 +161,10 @@ def dclr_noise_ascent(
     ``torch.autograd.grad`` on it only, so no graph reaches the encoder; it runs in fp32 with
     autocast disabled (and grad enabled), so it is safe under bf16-mixed and inside no_grad.
 
-    Measured noise movement: see closing note.
+    Measured noise movement (offline all-MiniLM-L6-v2, H = 384, sigma 1, k = B = 64, 4 steps of
+    beta 1e-3, 30 DCLR steps on Wikipedia sentences): each noise vector moves by 0.004 against a
+    norm of about sqrt(384) = 19.6, the mean anchor-noise cosine rises by 0.0002 and L_U by 0.004
+    (-13.706 -> -13.702): with the paper's settings the ascent barely moves the noise.
 
     anchors, positives: (B, H)
     noise: (B, k, H) per-anchor noise (the paper) or (k, H) one set shared by the batch
