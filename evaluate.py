@@ -17,8 +17,8 @@ from jsonargparse import CLI
 from datamodules import STS_TASKS
 from lightning_modules.checkpoint import encoder_from_checkpoint
 from lightning_modules.cli import exit_on_user_error
-from lightning_modules.encoder import SentenceEncoder, pooling_of_sentence_transformers_dir
-from lightning_modules.export import check_export_dir, check_exportable, export_run
+from lightning_modules.encoder import SentenceEncoder
+from lightning_modules.export import check_export_dir, check_exportable, export_run, load_sentence_transformers_dir
 from lightning_modules.hub import resolve_model_name
 from lightning_modules.sts_eval import evaluate_sts, format_table
 
@@ -31,8 +31,10 @@ def load_encoder(ckpt_path: Optional[str], model: Optional[str], pooling: Option
             raise ValueError("--pooling applies to --model only: a checkpoint's pooling comes from its own config")
         encoder, _ = encoder_from_checkpoint(ckpt_path)
         return encoder, os.path.basename(ckpt_path)
-    pooling = pooling or pooling_of_sentence_transformers_dir(resolve_model_name(model)) or "mean"
-    return SentenceEncoder(model, pooling=pooling).eval(), model
+    path = resolve_model_name(model)
+    if os.path.isfile(os.path.join(path, "modules.json")):  # a sentence-transformers directory, heads included
+        return load_sentence_transformers_dir(path, pooling), model
+    return SentenceEncoder(model, pooling=pooling or "mean").eval(), model
 
 
 @exit_on_user_error

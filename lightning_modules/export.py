@@ -282,3 +282,74 @@ def export_run(
     target = export_sentence_transformers(encoder, path, checkpoint, results, eval_precision, source or ckpt_path)
     print(f"sentence-transformers model written to {target}")
     return target
+
+
+# -- loading a sentence-transformers directory back --------------------------------------------
+ST_MODULES_IGNORED = ("Normalize",)  # a unit-length rescaling: cosine similarities do not change
+
+
+def load_sentence_transformers_dir(path: str, pooling: str | None = None) -> SentenceEncoder:
+    """A ``SentenceEncoder`` equal to ``SentenceTransformer(path)`` up to normalisation.
+
+    Reads ``modules.json``: the Transformer, the Pooling (or ``pooling`` when given), then Dense
+    modules, which are rebuilt as this project's heads: a Linear + Tanh Dense right after
+    first-token pooling is SimCSE's MLP head (``cls`` with ``mlp_head``, kept at evaluation), a
+    Dense without activation is the linear ``projection``. ``Normalize`` is skipped, since the
+    STS evaluation takes cosines. Any other module, or a Dense this encoder cannot represent, is an
+    error naming it: evaluating the directory without it would give numbers for another model.
+    """
+    from .encoder import pooling_of_sentence_transformers_dir
+
+    root = Path(path)
+    modules = json.loads((root / "modules.json").read_text())
+    dense: list[tuple[str, dict[str, Any]]] = []
+    transformer_dir = root
+    for module in modules:
+        kind = module.get("type", "").rsplit(".", 1)[-1]
+        if kind == "Transformer":
+            transformer_dir = root / module.get("path", "")  # "" (the root) or "0_Transformer" (older layouts)
+        if kind in ("Transformer", "Pooling") or kind in ST_MODULES_IGNORED:
+            continue
+        if kind != "Dense":
+            raise ValueError(f"{root / 'modules.json'}: module {module.get('path')!r} of type {module.get('type')!r} "
+                             "is not supported by this project's encoder")
+        dense.append((module["path"], json.loads((root / module["path"] / "config.json").read_text())))
+    st_pooling = pooling_of_sentence_transformers_dir(str(root)) or "mean"
+    if dense and pooling is not None and pooling != st_pooling:
+        raise ValueError(f"{path}: --pooling {pooling} cannot replace the pooling of a directory with Dense modules")
+    pooling = pooling or st_pooling
+    activations = [cfg.get("activation_function", "torch.nn.modules.activation.Tanh").rsplit(".", 1)[-1]
+                   for _, cfg in dense]
+    mlp = bool(activations) and activations[0] == "Tanh"
+    rest = activations[1:] if mlp else activations
+    if mlp and pooling != "cls_before_pooler" or rest not in ([], ["Identity"]):
+        raise ValueError(f"{path}: Dense modules {[p for p, _ in dense]} with activations {activations} after "
+                         f"{pooling} pooling: only [Tanh] after first-token pooling and a final [Identity] are supported")
+    projection_dim = dense[-1][1]["out_features"] if rest else None
+    encoder = SentenceEncoder(str(transformer_dir), pooling="cls" if mlp else pooling, mlp_head=mlp,
+                              projection_dim=projection_dim)
+    linears = ([encoder.mlp[0]] if mlp else []) + ([encoder.projection] if rest else [])
+    for (folder, cfg), linear in zip(dense, linears):
+        if (cfg["in_features"], cfg["out_features"]) != (linear.in_features, linear.out_features):
+            raise ValueError(f"{root / folder}: Dense {cfg['in_features']} -> {cfg['out_features']} does not follow "
+                             f"a {linear.in_features}-dimensional input")
+        linear.load_state_dict(_dense_weights(root / folder, with_bias=cfg.get("bias", True)))
+    return encoder.eval()
+
+
+def _dense_weights(folder: Path, with_bias: bool) -> dict[str, torch.Tensor]:
+    if (folder / "model.safetensors").is_file():
+        from safetensors.torch import load_file
+
+        state = load_file(str(folder / "model.safetensors"))
+    elif (folder / "pytorch_model.bin").is_file():
+        state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+    else:
+        raise ValueError(f"{folder}: no model.safetensors or pytorch_model.bin")
+    keys = ["linear.weight"] + (["linear.bias"] if with_bias else [])
+    missing = [k for k in keys if k not in state]
+    if missing:
+        raise ValueError(f"{folder}: weights lack {missing}")
+    weight = state["linear.weight"]
+    bias = state["linear.bias"] if with_bias else torch.zeros(weight.shape[0], dtype=weight.dtype)
+    return {"weight": weight, "bias": bias}

@@ -1,7 +1,6 @@
 """Export to the sentence-transformers format: SentenceTransformer(DIR) reproduces our encode()."""
 from __future__ import annotations
 
-import inspect
 import json
 from pathlib import Path
 
@@ -30,10 +29,9 @@ POOLINGS = {
     "cls_before_pooler": dict(pooling="cls_before_pooler"),
     "cls_mlp_at_eval": dict(pooling="cls", mlp_head=True),
     "cls_mlp_only_train": dict(pooling="cls", mlp_head=True, mlp_only_train=True),
+    "mean_projection": dict(pooling="mean", projection_dim=16),  # a linear head kept at evaluation
+    "cls_mlp_projection": dict(pooling="cls", mlp_head=True, projection_dim=16),
 }
-if "projection_dim" in inspect.signature(SentenceEncoder).parameters:  # a linear head kept at evaluation
-    POOLINGS["mean_projection"] = dict(pooling="mean", projection_dim=16)
-    POOLINGS["cls_mlp_projection"] = dict(pooling="cls", mlp_head=True, projection_dim=16)
 
 
 def fake_checkpoint(tmp_path: Path, tiny: str, **encoder_args) -> str:
@@ -80,6 +78,34 @@ def test_sentence_transformers_reproduces_encode(tmp_path, tiny_model_dir, name)
     if name == "cls_mlp_only_train":  # the dropped head really was dropped: CLS state as it is
         cls = encoder.transformer(**encoder.tokenize(SENTENCES[:1], train=False)).last_hidden_state[:, 0]
         torch.testing.assert_close(theirs[:1], cls, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", list(POOLINGS))
+def test_evaluate_model_loads_the_exported_heads(tmp_path, tiny_model_dir, name):
+    """evaluate.py --model DIR on an exported directory scores the same model as --ckpt_path:
+    Dense heads (SimCSE's MLP, the projection) are loaded, not silently dropped."""
+    ckpt = fake_checkpoint(tmp_path, tiny_model_dir, **POOLINGS[name])
+    out = tmp_path / "exported"
+    evaluate.evaluate(ckpt_path=ckpt, export=str(out))
+    expected, _ = encoder_from_checkpoint(ckpt)
+    loaded, _ = evaluate.load_encoder(None, str(out), None)
+    assert loaded.dim == expected.dim
+    torch.testing.assert_close(loaded.encode(SENTENCES, batch_size=3), expected.encode(SENTENCES, batch_size=3),
+                               atol=1e-6, rtol=1e-6)
+
+
+def test_evaluate_model_refuses_unknown_modules(tmp_path, tiny_model_dir, capsys):
+    ckpt = fake_checkpoint(tmp_path, tiny_model_dir)
+    out = tmp_path / "exported"
+    evaluate.evaluate(ckpt_path=ckpt, export=str(out))
+    modules = json.loads((out / "modules.json").read_text())
+    modules.append({"idx": 2, "name": "2", "path": "2_LayerNorm", "type": "sentence_transformers.models.LayerNorm"})
+    (out / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate.evaluate(model=str(out), sts_dir=str(tmp_path))
+    assert exit_info.value.code != 0
+    err = capsys.readouterr().err
+    assert "2_LayerNorm" in err and "not supported" in err
 
 
 def test_refuses_to_overwrite(tmp_path, tiny_model_dir, capsys):
