@@ -4,13 +4,13 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .base import SentenceEmbeddingModule
 from .distributed import gather_with_grad, rank_and_world
 from .encoder import Pooling, SentenceEncoder
-from .losses import alignment, cosine_similarity_matrix, dclr_loss, dclr_noise_ascent, dclr_weights, uniformity
+from .losses import (alignment, anchor_cosines, cosine_similarity_matrix, dclr_loss, dclr_noise_ascent, dclr_weights,
+                     uniformity)
 
 
 def load_complementary(model: str, pooling: Pooling) -> SentenceEncoder:
@@ -191,17 +191,11 @@ class DCLR(SentenceEmbeddingModule):
                                             self.noise_objective, in_batch)
             logs.update(noise_cos_shift=diag["cos_shift"], noise_step_norm=diag["noise_step_norm"],
                         noise_lu_before=diag["lu_before"], noise_lu_after=diag["lu_after"])
-            if noise.dim() == 2:
-                noise_sims = cosine_similarity_matrix(z1, noise)  # (B, k)
-            else:
-                noise_sims = torch.einsum("bh,bkh->bk", F.normalize(z1, dim=-1), F.normalize(noise, dim=-1))  # (B, k)
+            noise_sims = anchor_cosines(z1, noise)  # (B, k): noise shared (k, H) or per anchor (B, k, H)
             noise_weights = torch.ones_like(noise_sims)
             if comp_anchor is not None and self.weight_noise:
                 with torch.no_grad():
-                    if noise.dim() == 2:
-                        comp_noise = cosine_similarity_matrix(comp_anchor, noise)  # (B, k)
-                    else:
-                        comp_noise = torch.einsum("bh,bkh->bk", F.normalize(comp_anchor, dim=-1), F.normalize(noise, dim=-1))
+                    comp_noise = anchor_cosines(comp_anchor, noise)  # (B, k)
                     noise_weights = dclr_weights(comp_noise, self.phi, self.threshold_rule, self.temperature)
                 logs["noise_masked_fraction"] = (noise_weights == 0).float().mean()
             neg = torch.cat([neg, noise_sims], dim=-1)  # (B, world*B - 1 + k)

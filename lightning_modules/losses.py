@@ -121,8 +121,11 @@ def uniformity(x: Tensor, t: float = 2) -> Tensor:
 # --------------------------------------------------------------------------- DCLR
 
 
-def _anchor_sims(anchors: Tensor, others: Tensor) -> Tensor:
-    # Cosine of each anchor with shared (k, H) or per-anchor (B, k, H) vectors -> (B, k).
+def anchor_cosines(anchors: Tensor, others: Tensor) -> Tensor:
+    """Cosine of each anchor with shared (k, H) or per-anchor (B, k, H) vectors.
+
+    anchors: (B, H); others: (k, H) or (B, k, H) -> (B, k)
+    """
     if others.dim() == 2:
         return cosine_similarity_matrix(anchors, others)  # (B, k)
     a = F.normalize(anchors, dim=-1)  # (B, H)
@@ -188,7 +191,7 @@ def dclr_noise_ascent(
         pos_logit = F.cosine_similarity(a, positives.detach().to(a.dtype), dim=-1) / tau_u  # (B,)
         neg_logits = None
         if objective == "infonce" and in_batch_negatives is not None:
-            neg_logits = _anchor_sims(a, in_batch_negatives.detach().to(a.dtype)) / tau_u  # (B, M)
+            neg_logits = anchor_cosines(a, in_batch_negatives.detach().to(a.dtype)) / tau_u  # (B, M)
 
         def lu(noise_logits: Tensor) -> Tensor:
             return (torch.logsumexp(noise_logits, dim=-1) - pos_logit).mean()
@@ -202,17 +205,17 @@ def dclr_noise_ascent(
         start = noise.detach().to(a.dtype).clone()
         current = start
         with torch.no_grad():
-            logits0 = _anchor_sims(a, start) / tau_u  # (B, k)
+            logits0 = anchor_cosines(a, start) / tau_u  # (B, k)
             cos_before, lu_before, obj_before = logits0.mean() * tau_u, lu(logits0), ascended(logits0)
         for _ in range(steps):
             current = current.detach().requires_grad_(True)
-            (grad,) = torch.autograd.grad(ascended(_anchor_sims(a, current) / tau_u), current)
+            (grad,) = torch.autograd.grad(ascended(anchor_cosines(a, current) / tau_u), current)
             # One unit direction per noise vector (last dim), so every vector moves by beta.
             direction = grad / torch.linalg.vector_norm(grad, dim=-1, keepdim=True).clamp_min(1e-12)
             current = current.detach() + beta * direction
         current = current.detach()
         with torch.no_grad():
-            logits1 = _anchor_sims(a, current) / tau_u  # (B, k)
+            logits1 = anchor_cosines(a, current) / tau_u  # (B, k)
             cos_after = logits1.mean() * tau_u
             diagnostics = {
                 "cos_before": cos_before,

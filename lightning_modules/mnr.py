@@ -5,13 +5,11 @@ from typing import Any
 
 from torch import Tensor
 
-from .base import SentenceEmbeddingModule
 from .encoder import SentenceEncoder
-from .losses import alignment, uniformity
-from .ranking import check_grad_cache_strategy, embed_columns, ranking_loss
+from .ranking import InBatchRanking
 
 
-class MNR(SentenceEmbeddingModule):
+class MNR(InBatchRanking):
     """Multiple-negatives ranking loss: cross entropy over ``scale * cos(a_i, p_j)`` where every
     other positive in the batch (and every hard negative, when given) is a negative of anchor i
     (Henderson et al. 2017, "Efficient Natural Language Response Suggestion for Smart Reply";
@@ -34,41 +32,16 @@ class MNR(SentenceEmbeddingModule):
         mini_batch_size: GradCache mini-batch; None embeds the whole batch at once.
     """
 
-    def __init__(
-        self,
-        encoder: SentenceEncoder,
-        scale: float = 20.0,
-        symmetric: bool = False,
-        gather_across_devices: bool = True,
-        mini_batch_size: int | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, encoder: SentenceEncoder, scale: float = 20.0, symmetric: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(encoder, **kwargs)
         if scale <= 0:
             raise ValueError(f"model.init_args.scale must be positive, got {scale}")
-        if mini_batch_size is not None and mini_batch_size < 1:
-            raise ValueError(f"model.init_args.mini_batch_size must be positive, got {mini_batch_size}")
         self.scale = scale
         self.symmetric = symmetric
-        self.gather_across_devices = gather_across_devices
-        self.mini_batch_size = mini_batch_size
-
-    def on_fit_start(self) -> None:
-        check_grad_cache_strategy(self.trainer, self.mini_batch_size)
 
     def training_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
         columns = [batch["anchor"], batch["positive"]] + ([batch["negative"]] if "negative" in batch else [])
-        logs: dict[str, Tensor] = {}
-
-        def loss_fn(embeddings: list[Tensor]) -> Tensor:
-            anchors, positives = embeddings[0], embeddings[1]  # (B, H) each
-            negatives = embeddings[2] if len(embeddings) > 2 else None
-            loss, accuracy = ranking_loss(anchors, positives, negatives, self.scale, self.gather_across_devices,
-                                          self.symmetric)
-            logs.update(accuracy=accuracy, alignment=alignment(anchors.detach(), positives.detach()),
-                        uniformity=uniformity(anchors.detach()))
-            return loss
-
-        loss = embed_columns(self.encoder, columns, loss_fn, self.mini_batch_size)
+        loss, logs = self.ranked_loss(columns, self.scale, self.symmetric)
         logs["scale"] = self.scale
         return loss, logs

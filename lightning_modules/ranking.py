@@ -6,9 +6,11 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from .base import SentenceEmbeddingModule
 from .distributed import gather_with_grad, rank_and_world
+from .encoder import SentenceEncoder
 from .grad_cache import grad_cache_loss
-from .losses import in_batch_accuracy, info_nce_loss
+from .losses import alignment, in_batch_accuracy, info_nce_loss, uniformity
 
 
 def ranking_loss(
@@ -79,3 +81,41 @@ def check_grad_cache_strategy(trainer: Any, mini_batch_size: int | None) -> None
             "model.init_args.mini_batch_size (GradCache) under DDP needs "
             "--trainer.strategy lightning.pytorch.strategies.DDPStrategy --trainer.strategy.static_graph true"
         )
+
+
+class InBatchRanking(SentenceEmbeddingModule):
+    """Base of the in-batch ranking objectives (MNR, SimCSE): the settings they share and the
+    loss over columns of tokenized sentences (anchors, positives[, hard negatives]).
+
+    Args:
+        encoder: the sentence encoder.
+        gather_across_devices: candidates from all devices, with gradient (needs equal
+            per-device batches; the DataModule's sampler guarantees it).
+        mini_batch_size: GradCache mini-batch; None embeds the whole batch at once.
+    """
+
+    def __init__(self, encoder: SentenceEncoder, gather_across_devices: bool = True,
+                 mini_batch_size: int | None = None, **kwargs: Any) -> None:
+        super().__init__(encoder, **kwargs)
+        if mini_batch_size is not None and mini_batch_size < 1:
+            raise ValueError(f"model.init_args.mini_batch_size must be positive, got {mini_batch_size}")
+        self.gather_across_devices = gather_across_devices
+        self.mini_batch_size = mini_batch_size
+
+    def on_fit_start(self) -> None:
+        check_grad_cache_strategy(self.trainer, self.mini_batch_size)
+
+    def ranked_loss(self, columns: list[dict[str, Tensor]], scale: float,
+                    symmetric: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
+        """Embed the columns (GradCache when ``mini_batch_size``), rank, and the diagnostics."""
+        logs: dict[str, Tensor] = {}
+
+        def loss_fn(embeddings: list[Tensor]) -> Tensor:
+            anchors, positives = embeddings[0], embeddings[1]  # (B, H) each
+            negatives = embeddings[2] if len(embeddings) > 2 else None
+            loss, accuracy = ranking_loss(anchors, positives, negatives, scale, self.gather_across_devices, symmetric)
+            logs.update(accuracy=accuracy, alignment=alignment(anchors.detach(), positives.detach()),
+                        uniformity=uniformity(anchors.detach()))
+            return loss
+
+        return embed_columns(self.encoder, columns, loss_fn, self.mini_batch_size), logs

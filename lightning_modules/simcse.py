@@ -5,13 +5,11 @@ from typing import Any
 
 from torch import Tensor
 
-from .base import SentenceEmbeddingModule
 from .encoder import SentenceEncoder
-from .losses import alignment, uniformity
-from .ranking import check_grad_cache_strategy, embed_columns, ranking_loss
+from .ranking import InBatchRanking
 
 
-class SimCSE(SentenceEmbeddingModule):
+class SimCSE(InBatchRanking):
     """Contrastive learning of sentence embeddings (Gao, Yao & Chen, EMNLP 2021).
 
     Unsupervised, batch key ``sentence`` (``WikiDataModule``): each sentence is encoded twice;
@@ -34,42 +32,17 @@ class SimCSE(SentenceEmbeddingModule):
         mini_batch_size: GradCache mini-batch; None embeds the whole batch at once.
     """
 
-    def __init__(
-        self,
-        encoder: SentenceEncoder,
-        temperature: float = 0.05,
-        gather_across_devices: bool = True,
-        mini_batch_size: int | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def __init__(self, encoder: SentenceEncoder, temperature: float = 0.05, **kwargs: Any) -> None:
         super().__init__(encoder, **kwargs)
         if temperature <= 0:
             raise ValueError(f"model.init_args.temperature must be positive, got {temperature}")
-        if mini_batch_size is not None and mini_batch_size < 1:
-            raise ValueError(f"model.init_args.mini_batch_size must be positive, got {mini_batch_size}")
         self.temperature = temperature
-        self.gather_across_devices = gather_across_devices
-        self.mini_batch_size = mini_batch_size
-
-    def on_fit_start(self) -> None:
-        check_grad_cache_strategy(self.trainer, self.mini_batch_size)
 
     def training_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Any]]:
         if "sentence" in batch:  # unsupervised: the same sentences twice, two dropout masks
             columns = [batch["sentence"], batch["sentence"]]
         else:
             columns = [batch["anchor"], batch["positive"], batch["negative"]]
-        logs: dict[str, Any] = {}
-
-        def loss_fn(embeddings: list[Tensor]) -> Tensor:
-            anchors, positives = embeddings[0], embeddings[1]  # (B, H) each
-            negatives = embeddings[2] if len(embeddings) > 2 else None
-            loss, accuracy = ranking_loss(anchors, positives, negatives, 1.0 / self.temperature,
-                                          self.gather_across_devices)
-            logs.update(accuracy=accuracy, alignment=alignment(anchors.detach(), positives.detach()),
-                        uniformity=uniformity(anchors.detach()))
-            return loss
-
-        loss = embed_columns(self.encoder, columns, loss_fn, self.mini_batch_size)
+        loss, logs = self.ranked_loss(columns, 1.0 / self.temperature)
         logs["temperature"] = self.temperature
         return loss, logs
