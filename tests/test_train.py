@@ -5,6 +5,7 @@ import glob
 import hashlib
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 import yaml
@@ -102,6 +103,36 @@ def test_classifier_head_is_trained(tmp_path, tiny_model_dir, fixtures_dir):
     assert not torch.allclose(before, cli.model.classifier.weight)
     exported = encoder_from_checkpoint(cli.trainer.checkpoint_callback.last_model_path)[0].state_dict()
     assert not any("classifier" in k for k in exported), "the head is not part of the exported encoder"
+
+
+def test_frozen_transformer_trains_only_the_head(tmp_path, tiny_model_dir, fixtures_dir):
+    """FILM's deep variant (configs/film_deep_triplet.yaml): the triplet objective over a frozen
+    transformer with a linear head. The transformer's weights do not move and its dropout stays
+    off during training; the head trains and is saved with the run."""
+    config = objective_config(tmp_path, tiny_model_dir, fixtures_dir, "Triplet", "NLIDataModule",
+                              data_args={"view": "triplets"},
+                              encoder_args={"freeze_transformer": True, "projection_dim": 8})
+    cli = SentenceCLI(args=["--config", config])
+    encoder = cli.model.encoder
+    transformer_before = {k: v.detach().clone() for k, v in encoder.transformer.state_dict().items()}
+    head_before = encoder.projection.weight.detach().clone()
+    modes = []
+
+    class RecordMode(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, *_):
+            modes.append((pl_module.encoder.transformer.training, pl_module.encoder.projection.training))
+
+    cli.trainer.callbacks.append(RecordMode())
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    assert modes and all(m == (False, True) for m in modes), modes
+    for name, value in encoder.transformer.state_dict().items():
+        torch.testing.assert_close(value, transformer_before[name], rtol=0, atol=0, msg=name)
+    assert not torch.allclose(encoder.projection.weight, head_before)
+    trainable = {id(p) for g in cli.trainer.optimizers[0].param_groups for p in g["params"]}
+    assert trainable == {id(p) for p in encoder.projection.parameters()}
+    restored, _ = encoder_from_checkpoint(cli.trainer.checkpoint_callback.last_model_path)
+    assert restored.dim == 8
+    torch.testing.assert_close(restored.projection.weight, encoder.projection.weight)
 
 
 def test_checkpoint_round_trip_gives_identical_embeddings(tmp_path, tiny_model_dir, fixtures_dir):
