@@ -30,6 +30,18 @@ def rss_mib() -> float:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
+def reset_peak_rss() -> None:
+    """Start a new peak-RSS window (Linux >= 4.0: writing 5 to clear_refs resets VmHWM), so the
+    peak measured is that of the steps, not of model loading before them."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def peak_rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+
+
 def build(objective: str, mini_batch: int | None):
     from lightning_modules.dclr import DCLR
     from lightning_modules.encoder import SentenceEncoder
@@ -77,12 +89,14 @@ def memory_child(objective: str, batch: int, mini_batch: int | None, sentences: 
     module = build(objective, mini_batch)
     warm = stepper(module, make_batch(module, sentences[:8], objective))
     warm()  # optimizer state and allocator warmed on a tiny batch
-    base = rss_mib()
     step = stepper(module, make_batch(module, sentences[:batch], objective))
+    reset_peak_rss()
+    base = rss_mib()
     for _ in range(steps):
         step()
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"objective": objective, "batch": batch, "mini_batch": mini_batch, "peak_increase_mib": round(peak - base, 1)}
+    peak = peak_rss_mib()
+    return {"objective": objective, "batch": batch, "mini_batch": mini_batch, "base_mib": round(base, 1),
+            "peak_increase_mib": round(peak - base, 1)}
 
 
 def measure_memory(args, objective: str, batch: int, mini_batch: int | None) -> dict:
@@ -124,12 +138,14 @@ def main() -> None:
            for n in ("mnr", "mnr_gradcache")}
     for step in (*small.values(), *big.values()):
         step()  # warm-up
-    t_small = alternate(small, args.reps)
-    t_big = alternate(big, max(2, args.reps // 2))
-    memory = [measure_memory(args, "simcse", args.batch, None), measure_memory(args, "dclr", args.batch, None),
-              measure_memory(args, "mnr", args.mini_batch, None),
-              measure_memory(args, "mnr", args.big_batch, args.mini_batch),
-              measure_memory(args, "mnr", args.big_batch, None)]
+    t_small = alternate(small, args.reps).wall
+    t_big = alternate(big, max(2, args.reps // 2)).wall
+    memory = []
+    for objective, batch, mini in [("simcse", args.batch, None), ("dclr", args.batch, None),
+                                   ("mnr", args.mini_batch, None), ("mnr", args.big_batch, args.mini_batch),
+                                   ("mnr", args.big_batch, None)]:
+        memory.append(measure_memory(args, objective, batch, mini))
+        print("memory:", json.dumps(memory[-1]), flush=True)
     result = {
         "machine": info,
         "simcse_step_s": statistics.median(t_small["simcse"]), "dclr_step_s": statistics.median(t_small["dclr"]),

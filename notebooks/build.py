@@ -152,8 +152,8 @@ plt.bar(list(results), list(results.values())); plt.ylabel("Spearman x 100"); pl
         ("code", SETUP),
         ("code", """\
 import glob, tempfile, yaml
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 import train
+from benchmarks.results_plots import read_curves, plot_curves
 
 def tiny_runs():
     out = Path(tempfile.mkdtemp())
@@ -170,20 +170,13 @@ def tiny_runs():
                       "per_device_batch_size": 8}}}
         path = out / f"{name}.yaml"; path.write_text(yaml.safe_dump(config))
         train.main(["--config", str(path)])
-        runs[name] = glob.glob(str(out / name / "lightning_logs" / "version_*"))[0]
+        runs[name] = str(out / name)
     return runs
 
 spec = os.environ.get("RUNS")
 runs = dict(item.split("=", 1) for item in spec.split(",")) if spec else tiny_runs()
-curves = {}
-for name, directory in runs.items():
-    ea = EventAccumulator(directory, size_guidance={"scalars": 0}); ea.Reload()
-    curves[name] = {tag: [(e.step, e.value) for e in ea.Scalars(tag)] for tag in ("val/alignment", "val/uniformity", "val/stsb_spearman")}
-fig, axes = plt.subplots(1, 3, figsize=(13, 3.5))
-for name, tags in curves.items():
-    for ax, tag in zip(axes, ("val/alignment", "val/uniformity", "val/stsb_spearman")):
-        steps, values = zip(*tags[tag]); ax.plot(steps, values, marker="o", label=name); ax.set_title(tag); ax.set_xlabel("step")
-axes[0].legend(); plt.tight_layout(); plt.show()
+curves = read_curves(runs)
+plot_curves(curves); plt.show()
 for name, tags in curves.items():
     print(name, {tag: (round(v[0][1], 3), round(v[-1][1], 3)) for tag, v in tags.items()}, "(first, last)")"""),
     ],
