@@ -14,6 +14,12 @@ Objectives and their sentence-transformers loss:
   triplet  TripletLoss, Euclidean, margin 1 (SBERT's)   (NLI triplets)
   mnr      MultipleNegativesRankingLoss, scale 20       (NLI entailment pairs)
 
+The peer trains the same network as ours: transformer + mean pooling. The start model's
+sentence-transformers pipeline ends with a ``Normalize`` module that our encoder does not have,
+so it is dropped unless ``--keep_normalize``: cosine-based losses (regression, MNR) do not see
+the difference, but the triplet loss's Euclidean margin and softmax's [u; v; |u-v|] do (unit
+vectors against mean-pooled vectors of norm ~5 for this model).
+
 Writes the trained model to ``--output`` (a sentence-transformers directory that ``evaluate.py
 --model`` scores) and prints one JSON line with the wall time of ``trainer.train()``.
 """
@@ -69,6 +75,8 @@ def main() -> None:
     parser.add_argument("--precision", choices=["bf16", "32"], default="bf16")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--keep_normalize", action="store_true",
+                        help="train the start model's pipeline as is, Normalize module included")
     args = parser.parse_args()
     if os.path.exists(args.output) and os.listdir(args.output):
         parser.error(f"--output {args.output} exists and is not empty (earlier results are never overwritten)")
@@ -87,6 +95,8 @@ def main() -> None:
     torch.manual_seed(args.seed)
     model = SentenceTransformer(resolve_model_name(MODEL), device="cpu")
     model.max_seq_length = args.max_length
+    if not args.keep_normalize and type(model[len(model) - 1]).__name__ == "Normalize":
+        del model[len(model) - 1]  # ours has no Normalize: train the same network
     with tempfile.TemporaryDirectory(prefix="st-peer-") as tmp:
         targs = SentenceTransformerTrainingArguments(
             output_dir=tmp, max_steps=args.steps, per_device_train_batch_size=args.batch_size,
