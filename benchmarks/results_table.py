@@ -56,7 +56,7 @@ def main() -> None:
     runs = Path(args.runs)
     start = load(runs / "start")
     print("| objective | " + " | ".join(HEADER) + " | Δavg | wall (s) |")
-    print("|---" * (len(HEADER) + 4) + "|")
+    print("|---" * (len(HEADER) + 3) + "|")
     commands = []
     for row, label in ROWS:
         got = load(runs / row)
