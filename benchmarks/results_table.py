@@ -70,6 +70,9 @@ def main() -> None:
     print("|---" * (len(HEADER) + 1) + "|")
     for prefix, label in SEEDED:
         seeds = [got for run in sorted(runs.glob(f"{prefix}_s*")) if (got := load(run))]
+        listed = {row for row, _ in ROWS}
+        commands += [(f"{label}, {run.name}", got["command"]) for run in sorted(runs.glob(f"{prefix}_s*"))
+                     if run.name not in listed and (got := load(run))]
         if len(seeds) < 2:
             print(f"| {label} | " + " | ".join([f"{len(seeds)} seed(s) finished"] + [""] * (len(HEADER) - 1)) + " |")
             continue
