@@ -48,3 +48,14 @@ def run_script(*args: str, cwd: Path | None = None, timeout: int = 600) -> subpr
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
     return subprocess.run([sys.executable, *args], cwd=cwd or ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny matrices on a shared 2-core machine: torch's thread pool only waits for busy cores."""
+    import torch
+
+    n_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n_threads)

@@ -16,13 +16,7 @@ from tests.conftest import ROOT
 SENTENCES = ["A dog runs in the park.", "The weather is cold today.", "Cats sleep.", "zzz qqq"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # tiny matrices on a shared machine: a thread pool only waits for busy cores
-    n_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n_threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def film_args(config: str, tmp_path: Path, fixtures: Path, *extra: str, train_source: str | None = None) -> list[str]:

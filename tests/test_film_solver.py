@@ -30,14 +30,7 @@ from lightning_modules.film_solver import (
 DT = torch.float64
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # The matrices here are tiny: with a shared 2-core machine, torch's thread pool spends
-    # milliseconds per 50x3 matmul waiting for a busy core.
-    n_threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n_threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _gen(seed: int) -> torch.Generator:
