@@ -97,7 +97,8 @@ def main() -> None:
     B2, s = features["input_ids"].shape
     train_flops = 3 * forward_flops([(B2, s)], P, L, h)
     train_real = int(features["attention_mask"].sum())
-    optimizer = torch.optim.AdamW([p for p in encoder.parameters() if p.requires_grad], lr=1e-5)
+    # fused, as the objectives' configure_optimizers builds it
+    optimizer = torch.optim.AdamW([p for p in encoder.parameters() if p.requires_grad], lr=1e-5, fused=True)
 
     def train_step(dtype):
         def step():

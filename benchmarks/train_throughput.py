@@ -10,9 +10,14 @@ Same model (offline all-MiniLM-L6-v2, mean pooling), same pairs (the entailment 
   its recommended sampler for this loss, ``NO_DUPLICATES`` (it has no length grouping).
 
 Each repetition trains a fresh copy of each for ``--warmup_steps + --steps`` steps, in turns (the
-order rotated); steps/s is taken over the last ``--steps`` steps from the trainers' own step-end
-hooks, so start-up (model load, tokenization, data set-up) is excluded. Reported: the median of
-the per-repetition ratio ours/theirs. The ``datasets`` cache is a temporary directory.
+order rotated), each in a FRESH PROCESS as a user's run is: in one long process whichever program
+ran first paid ~0.3 s a step of kernel time in page faults (glibc malloc returning and re-faulting
+the large autograd buffers, ~45k minor faults a step against ~23k once the heap had grown), which
+made the order, not the code, decide the ratio. steps/s is taken over the last ``--steps`` steps
+from the trainers' own step-end hooks, so start-up (model load, tokenization, data set-up) is
+excluded; minor page faults and kernel seconds per step are reported over the same steps.
+Reported: the median of the per-repetition ratio ours/theirs. The ``datasets`` cache is a
+temporary directory.
 
     python benchmarks/train_throughput.py --data_dir /work/shared/data [--precision bf16] [--reps 3]
 """
@@ -21,8 +26,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -47,6 +55,19 @@ class FixedBatches:
         pass
 
 
+def stamp() -> tuple[float, int, float]:
+    """(wall seconds, minor page faults, kernel CPU seconds) of this process now."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return time.perf_counter(), usage.ru_minflt, usage.ru_stime
+
+
+def window(args, stamps: list[tuple[float, int, float]]) -> dict[str, float]:
+    """steps/s, minor faults and kernel seconds per step over the timed steps (after warm-up)."""
+    (t0, f0, s0), (t1, f1, s1) = stamps[args.warmup_steps - 1], stamps[-1]
+    return {"steps_per_s": args.steps / (t1 - t0), "faults_per_step": (f1 - f0) / args.steps,
+            "sys_s_per_step": (s1 - s0) / args.steps}
+
+
 def ours_datamodule(args, encoder, group_by_length: bool):
     from datamodules import NLIDataModule
 
@@ -57,7 +78,7 @@ def ours_datamodule(args, encoder, group_by_length: bool):
     return dm
 
 
-def run_ours(args, group_by_length: bool) -> float:
+def run_ours(args, group_by_length: bool, callbacks: tuple = (), profiler=None) -> dict[str, float]:
     import lightning as L
     import torch
 
@@ -67,23 +88,24 @@ def run_ours(args, group_by_length: bool) -> float:
     torch.manual_seed(args.seed)
     encoder = SentenceEncoder(MODEL, pooling="mean", max_seq_length=args.max_length)
     model = MNR(encoder, scale=20.0, lr=2e-5, weight_decay=0.01, warmup_ratio=0.1)
-    stamps: list[float] = []
+    stamps: list[tuple[float, int, float]] = []
 
     class Stamp(L.Callback):
         def on_train_batch_end(self, *_):
-            stamps.append(time.perf_counter())
+            stamps.append(stamp())
 
     trainer = L.Trainer(
         accelerator="cpu", devices=1, max_steps=args.warmup_steps + args.steps,
         precision="bf16-mixed" if args.precision == "bf16" else "32-true", logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        limit_val_batches=0, num_sanity_val_steps=0, callbacks=[Stamp()], use_distributed_sampler=False,
+        limit_val_batches=0, num_sanity_val_steps=0, callbacks=[Stamp(), *callbacks], use_distributed_sampler=False,
+        profiler=profiler,
     )
     trainer.fit(model, datamodule=ours_datamodule(args, encoder, group_by_length))
-    return args.steps / (stamps[-1] - stamps[args.warmup_steps - 1])
+    return window(args, stamps)
 
 
-def run_theirs(args, batches: list[list[int]] | None, pairs) -> float:
+def run_theirs(args, batches: list[list[int]] | None, pairs, callbacks: tuple = ()) -> dict[str, float]:
     import torch
     from sentence_transformers import (SentenceTransformer, SentenceTransformerTrainer,
                                        SentenceTransformerTrainingArguments)
@@ -96,11 +118,11 @@ def run_theirs(args, batches: list[list[int]] | None, pairs) -> float:
     torch.manual_seed(args.seed)
     model = SentenceTransformer(resolve_model_name(MODEL), device="cpu")
     model.max_seq_length = args.max_length
-    stamps: list[float] = []
+    stamps: list[tuple[float, int, float]] = []
 
     class Stamp(TrainerCallback):
         def on_step_end(self, *_, **__):
-            stamps.append(time.perf_counter())
+            stamps.append(stamp())
 
     sampler = BatchSamplers.NO_DUPLICATES if batches is None else (lambda *a, **k: FixedBatches(batches))
     targs = SentenceTransformerTrainingArguments(
@@ -111,9 +133,44 @@ def run_theirs(args, batches: list[list[int]] | None, pairs) -> float:
         disable_tqdm=True, seed=args.seed, dataloader_num_workers=0,
     )
     trainer = SentenceTransformerTrainer(model=model, args=targs, train_dataset=pairs,
-                                         loss=MultipleNegativesRankingLoss(model, scale=20.0), callbacks=[Stamp()])
+                                         loss=MultipleNegativesRankingLoss(model, scale=20.0),
+                                         callbacks=[Stamp(), *callbacks])
     trainer.train()
-    return args.steps / (stamps[-1] - stamps[args.warmup_steps - 1])
+    return window(args, stamps)
+
+
+def identical_batches(args) -> tuple:
+    """Our no-duplicate batches (indices), and the same rows as a plain pair dataset for theirs."""
+    from lightning_modules.encoder import SentenceEncoder
+
+    dm = ours_datamodule(args, SentenceEncoder(MODEL, max_seq_length=args.max_length), group_by_length=False)
+    dm.setup("fit")
+    pairs = dm.train_dataset.select_columns(["anchor", "positive"])
+    return pairs, dm.train_sampler.global_batches()[: args.warmup_steps + args.steps]
+
+
+PROGRAMS = ("identical batches/ours", "identical batches/theirs", "own batching/ours", "own batching/theirs")
+
+
+def run_one(args, program: str) -> dict[str, float]:
+    """One program of one setting, in this process (the child's side of ``in_fresh_process``)."""
+    setting, name = program.split("/")
+    if name == "ours":
+        return run_ours(args, group_by_length=setting == "own batching")
+    if setting == "identical batches":
+        pairs, batches = identical_batches(args)
+        return run_theirs(args, batches, pairs)
+    return run_theirs(args, None, identical_batches(args)[0])
+
+
+def in_fresh_process(argv: list[str], program: str) -> dict[str, float]:
+    """Run ``program`` in a new Python process with the same arguments; its result line back."""
+    cmd = [sys.executable, os.path.abspath(__file__), *argv, "--program", program]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    if out.returncode != 0 or not lines:
+        raise RuntimeError(f"{program} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
 
 
 def main() -> None:
@@ -127,10 +184,10 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--program", choices=PROGRAMS, help=argparse.SUPPRESS)  # a child's one program
     args = parser.parse_args()
 
     info = machine(set_threads(args.threads))
-    print_machine(info)
     args.tmp = tempfile.mkdtemp(prefix="train-throughput-")
     os.environ["HF_DATASETS_CACHE"] = os.path.join(args.tmp, "hf-datasets-cache")  # never ~/.cache
     import logging
@@ -140,39 +197,34 @@ def main() -> None:
     transformers.logging.set_verbosity_error()
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     try:
-        from lightning_modules.encoder import SentenceEncoder
-
-        # Our batches, and the same rows as a plain pair dataset for theirs.
-        dm = ours_datamodule(args, SentenceEncoder(MODEL, max_seq_length=args.max_length), group_by_length=False)
-        dm.setup("fit")
-        pairs = dm.train_dataset.select_columns(["anchor", "positive"])
-        batches = dm.train_sampler.global_batches()[: args.warmup_steps + args.steps]
-        print(f"{len(pairs)} entailment pairs, batch {args.batch_size}, max length {args.max_length}, "
-              f"precision {args.precision}, {args.steps} timed steps after {args.warmup_steps}")
-
-        settings = {
-            "identical batches": {"ours": lambda: run_ours(args, False), "theirs": lambda: run_theirs(args, batches, pairs)},
-            "own batching": {"ours": lambda: run_ours(args, True), "theirs": lambda: run_theirs(args, None, pairs)},
-        }
-        rates = {s: {"ours": [], "theirs": []} for s in settings}
+        if args.program:
+            print("RESULT " + json.dumps(run_one(args, args.program)))
+            return
+        print_machine(info)
+        print(f"batch {args.batch_size}, max length {args.max_length}, precision {args.precision}, "
+              f"{args.steps} timed steps after {args.warmup_steps}, each run in a fresh process")
+        settings = ["identical batches", "own batching"]
+        runs = {s: {"ours": [], "theirs": []} for s in settings}
         for rep in range(args.reps):
-            for setting, programs in settings.items():
-                names = ["ours", "theirs"] if rep % 2 == 0 else ["theirs", "ours"]
-                for name in names:
-                    rates[setting][name].append(programs[name]())
+            for setting in settings:
+                for name in (["ours", "theirs"] if rep % 2 == 0 else ["theirs", "ours"]):
+                    runs[setting][name].append(in_fresh_process(sys.argv[1:], f"{setting}/{name}"))
             print(f"rep {rep + 1}: " + "; ".join(
-                f"{s}: ours {r['ours'][-1]:.2f}, theirs {r['theirs'][-1]:.2f} steps/s" for s, r in rates.items()),
-                flush=True)
+                f"{s}: ours {r['ours'][-1]['steps_per_s']:.2f}, theirs {r['theirs'][-1]['steps_per_s']:.2f} steps/s"
+                for s, r in runs.items()), flush=True)
 
-        print(f"\n| setting | ours steps/s | theirs steps/s | ours/theirs (median of {args.reps}) |")
-        print("|---|---|---|---|")
+        print(f"\n| setting | ours steps/s | theirs steps/s | ours/theirs (median of {args.reps}) "
+              "| minor faults/step ours, theirs | kernel s/step ours, theirs |")
+        print("|---|---|---|---|---|---|")
         out = {}
-        for setting, r in rates.items():
-            ratio = statistics.median(a / b for a, b in zip(r["ours"], r["theirs"]))
-            out[setting] = {"ours_steps_per_s": round(statistics.median(r["ours"]), 3),
-                            "theirs_steps_per_s": round(statistics.median(r["theirs"]), 3), "ratio": round(ratio, 3)}
-            print(f"| {setting} | {out[setting]['ours_steps_per_s']:.2f} | {out[setting]['theirs_steps_per_s']:.2f} "
-                  f"| {ratio:.2f}x |")
+        for setting, r in runs.items():
+            med = {name: {k: statistics.median(x[k] for x in r[name]) for k in r[name][0]} for name in r}
+            ratio = statistics.median(a["steps_per_s"] / b["steps_per_s"] for a, b in zip(r["ours"], r["theirs"]))
+            out[setting] = {"ours": {k: round(v, 3) for k, v in med["ours"].items()},
+                            "theirs": {k: round(v, 3) for k, v in med["theirs"].items()}, "ratio": round(ratio, 3)}
+            print(f"| {setting} | {med['ours']['steps_per_s']:.2f} | {med['theirs']['steps_per_s']:.2f} "
+                  f"| {ratio:.2f}x | {med['ours']['faults_per_step']:,.0f}, {med['theirs']['faults_per_step']:,.0f} "
+                  f"| {med['ours']['sys_s_per_step']:.2f}, {med['theirs']['sys_s_per_step']:.2f} |")
         print(json.dumps({"benchmark": "train_throughput", "machine": info, "batch_size": args.batch_size,
                           "max_length": args.max_length, "precision": args.precision, "steps": args.steps,
                           "reps": args.reps, "results": out}))
