@@ -114,5 +114,8 @@ film film_frozen_encoder configs/film_frozen_encoder.yaml --data.init_args.train
 for seed in 43 44; do
     ours dclr_paper_s$seed $seed configs/dclr_bert_base.yaml "${SIMCSE_START[@]}" "${DCLR[@]}" "${COMPLEMENTARY[@]}"
 done
+for seed in 43 44; do  # SimCSE's seeds too, so that DCLR's gain over it can be told from seed noise
+    ours simcse_unsup_s$seed $seed configs/simcse_unsup.yaml "${SIMCSE_START[@]}"
+done
 ours film_deep_triplet 42 configs/film_deep_triplet.yaml "${NLIDATA[@]}"
 echo "$(date +%T) all rows done"

@@ -36,7 +36,11 @@ ROWS = [  # (row directory or seed prefix, label)
     ("film_frozen_encoder", "FILM over frozen all-MiniLM-L6-v2"),
     ("film_deep_triplet", "FILM deep variant: triplet, frozen transformer + linear head"),
 ]
-SEEDED = [("sts_regression", "STS regression"), ("dclr_paper", "DCLR, paper form")]
+SEEDED = [  # (seed-row prefix: PREFIX_s42, PREFIX_s43, ...; label; rows of another name that are seeds too)
+    ("sts_regression", "STS regression", []),
+    ("dclr_paper", "DCLR, paper form", []),
+    ("simcse_unsup", "unsupervised SimCSE", ["simcse_unsup"]),  # seed 42's row is DCLR's complementary model
+]
 
 
 def load(run: Path) -> dict | None:
@@ -68,10 +72,11 @@ def main() -> None:
         commands.append((label.strip(), got["command"]))
     print("\n| three seeds (42, 43, 44) | " + " | ".join(HEADER) + " |")
     print("|---" * (len(HEADER) + 1) + "|")
-    for prefix, label in SEEDED:
-        seeds = [got for run in sorted(runs.glob(f"{prefix}_s*")) if (got := load(run))]
+    for prefix, label, also in SEEDED:
+        seed_runs = [runs / row for row in also] + sorted(runs.glob(f"{prefix}_s*"))
+        seeds = [got for run in seed_runs if (got := load(run))]
         listed = {row for row, _ in ROWS}
-        commands += [(f"{label}, {run.name}", got["command"]) for run in sorted(runs.glob(f"{prefix}_s*"))
+        commands += [(f"{label}, {run.name}", got["command"]) for run in seed_runs
                      if run.name not in listed and (got := load(run))]
         if len(seeds) < 2:
             print(f"| {label} | " + " | ".join([f"{len(seeds)} seed(s) finished"] + [""] * (len(HEADER) - 1)) + " |")
