@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import platform
+import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -59,6 +61,19 @@ def machine(threads: int | None = None) -> dict:
 def print_machine(info: dict) -> None:
     print(f"machine: {info['cores']} cores, {info['cpu']}, torch {info['torch']}, {info['threads']} torch threads, "
           f"bf16 units: {', '.join(info['bf16_units']) or 'none'}, load average {info['load_avg_1min']}")
+
+
+def run_child(cmd: list[str], what: str) -> dict:
+    """Run a benchmark's child process; its result is the last stdout line that is a JSON object.
+
+    A fresh process per measurement keeps one program's allocator and caches from another's;
+    a failure stops the benchmark with the child's stderr.
+    """
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        raise SystemExit(f"{what} failed (exit {out.returncode}):\n{out.stderr[-4000:]}")
+    return json.loads(lines[-1])
 
 
 def set_threads(threads: int | None) -> int:

@@ -25,13 +25,12 @@ import random
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 import common  # noqa: F401  (sets sys.path and the offline environment)
-from common import alternate, machine, print_machine, set_threads
+from common import alternate, machine, print_machine, run_child, set_threads
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -98,10 +97,7 @@ def setup_phase(path: str, batch_size: int, max_length: int, group_by_length: bo
 def run_phase(args, name: str) -> dict:
     cmd = [sys.executable, __file__, "--_phase", name, "--_file", args._file, "--batch_size", str(args.batch_size),
            "--max_length", str(args.max_length)] + (["--group_by_length"] if args.group_by_length else [])
-    out = subprocess.run(cmd, env=dict(os.environ), capture_output=True, text=True)
-    if out.returncode != 0:
-        raise SystemExit(f"setup phase {name} failed:\n{out.stderr[-4000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child(cmd, f"setup phase {name}")
 
 
 def speed(args) -> dict:

@@ -26,12 +26,11 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-from common import machine, print_machine
+from common import machine, print_machine, run_child
 
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"
 MODELS = ("bert-base", "all-MiniLM-L6-v2")
@@ -87,7 +86,7 @@ def encode_rates(args, sentences: list[str]) -> dict[str, float]:
 
 
 def train_rate(args, name: str) -> None:
-    """One model's MNR training under DDP; rank 0 prints the RESULT line (run in a child process)."""
+    """One model's MNR training under DDP; rank 0 prints the result as a JSON line (run in a child process)."""
     import lightning as L
 
     from datamodules import NLIDataModule
@@ -115,7 +114,7 @@ def train_rate(args, name: str) -> None:
     if trainer.global_rank == 0:
         seconds = stamps[-1] - stamps[args.warmup_steps - 1]
         sentences = args.steps * args.batch_size * 2 * trainer.world_size
-        print("RESULT " + json.dumps({"model": name, "world_size": trainer.world_size,
+        print(json.dumps({"model": name, "world_size": trainer.world_size,
                                       "sentences_per_s": sentences / seconds, "steps_per_s": args.steps / seconds}))
 
 
@@ -163,11 +162,7 @@ def main() -> None:
     training = {}
     for name in MODELS:
         cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--train_model", name]
-        out = subprocess.run(cmd, capture_output=True, text=True)
-        lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-        if out.returncode != 0 or not lines:
-            sys.exit(f"training {name} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
-        training[name] = json.loads(lines[-1][len("RESULT "):])
+        training[name] = run_child(cmd, f"training {name}")
     print(f"\nTraining MNR, batch {args.batch_size} per device, {args.precision}, DDP gather on")
     print("| model | devices | steps/s | sentences/s |\n|---|---|---|---|")
     for name, r in training.items():

@@ -17,10 +17,9 @@ import json
 import random
 import resource
 import statistics
-import subprocess
 import sys
 
-from common import ROOT, alternate, machine, median_ratio, print_machine, set_threads
+from common import alternate, machine, median_ratio, print_machine, run_child, set_threads
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -102,8 +101,7 @@ def memory_child(objective: str, batch: int, mini_batch: int | None, sentences: 
 def measure_memory(args, objective: str, batch: int, mini_batch: int | None) -> dict:
     cmd = [sys.executable, __file__, "--wiki", args.wiki, "--child", objective, str(batch), str(mini_batch or 0),
            "--threads", str(args.threads or 0)]
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return run_child(cmd, f"memory of {objective}, batch {batch}")
 
 
 def main() -> None:

@@ -29,12 +29,11 @@ import os
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-from common import machine, print_machine, set_threads
+from common import machine, print_machine, run_child, set_threads
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -164,13 +163,8 @@ def run_one(args, program: str) -> dict[str, float]:
 
 
 def in_fresh_process(argv: list[str], program: str) -> dict[str, float]:
-    """Run ``program`` in a new Python process with the same arguments; its result line back."""
-    cmd = [sys.executable, os.path.abspath(__file__), *argv, "--program", program]
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
-    if out.returncode != 0 or not lines:
-        raise RuntimeError(f"{program} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    """Run ``program`` in a new Python process with the same arguments; its result back."""
+    return run_child([sys.executable, os.path.abspath(__file__), *argv, "--program", program], program)
 
 
 def main() -> None:
@@ -198,7 +192,7 @@ def main() -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     try:
         if args.program:
-            print("RESULT " + json.dumps(run_one(args, args.program)))
+            print(json.dumps(run_one(args, args.program)))
             return
         print_machine(info)
         print(f"batch {args.batch_size}, max length {args.max_length}, precision {args.precision}, "
