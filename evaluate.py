@@ -8,19 +8,19 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 import torch
 from jsonargparse import CLI
 
 from datamodules import STS_TASKS
-from lightning_modules.checkpoint import encoder_from_checkpoint
-from lightning_modules.cli import exit_on_user_error
-from lightning_modules.encoder import SentenceEncoder
-from lightning_modules.export import check_export_dir, check_exportable, export_run, load_sentence_transformers_dir
-from lightning_modules.hub import resolve_model_name
-from lightning_modules.sts_eval import evaluate_sts, format_table
+from encoders.checkpoint import encoder_from_checkpoint
+from harness.cli import exit_on_user_error
+from encoders.sentence import Pooling, SentenceEncoder
+from encoders.st_format import check_export_dir, check_exportable, load_sentence_transformers_dir
+from harness.export import export_run
+from encoders.hub import resolve_model_name
+from harness.sts_eval import evaluate_sts, format_table
 
 
 def load_encoder(ckpt_path: Optional[str], model: Optional[str], pooling: Optional[str]) -> tuple[SentenceEncoder, str]:
@@ -37,13 +37,23 @@ def load_encoder(ckpt_path: Optional[str], model: Optional[str], pooling: Option
     return SentenceEncoder(model, pooling=pooling or "mean").eval(), model
 
 
+def parse_tasks(tasks: str | list[str]) -> list[str]:
+    """``stsb``, ``stsb,sickr``, ``[stsb, sickr]`` or a list: the task names, checked."""
+    items = tasks if isinstance(tasks, list) else str(tasks).strip().strip("[]").split(",")
+    names = [str(t).strip().strip("'\"") for t in items if str(t).strip()]
+    unknown = [t for t in names if t not in STS_TASKS]
+    if unknown or not names:
+        raise ValueError(f"--tasks: {', '.join(unknown) or 'none given'}; choose from {', '.join(STS_TASKS)}")
+    return names
+
+
 @exit_on_user_error
 def evaluate(
     sts_dir: Optional[str] = None,
     ckpt_path: Optional[str] = None,
     model: Optional[str] = None,
-    pooling: Optional[Literal["mean", "max", "cls", "cls_before_pooler"]] = None,
-    tasks: list[Literal["sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr"]] = list(STS_TASKS),
+    pooling: Optional[Pooling] = None,
+    tasks: Union[str, list[str]] = ",".join(STS_TASKS),
     output: Optional[str] = None,
     batch_size: int = 64,
     precision: Literal["32", "bf16", "16"] = "32",
@@ -57,7 +67,7 @@ def evaluate(
         ckpt_path: a checkpoint written by train.py (pooling and model come from its config).
         model: hub name, local Hugging Face directory or sentence-transformers directory.
         pooling: pooling for --model (default: the sentence-transformers config's, else mean).
-        tasks: which of the seven tasks.
+        tasks: which of the seven tasks: ``stsb``, ``stsb,sickr`` or ``[stsb,sickr]``.
         output: write the results as JSON here (never overwrites an existing file).
         batch_size: sentences per encoding batch.
         precision: 32, or bf16/16 autocast.
@@ -65,6 +75,7 @@ def evaluate(
         export: also write the model as a sentence-transformers directory here (new or empty),
             with a model card holding the STS results when --sts_dir is given.
     """
+    tasks = parse_tasks(tasks)
     if export is not None:
         check_export_dir(export)  # before any work
     elif sts_dir is None:

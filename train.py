@@ -1,7 +1,7 @@
 """Train any objective: ``python train.py --config configs/X.yaml [--trainer.max_steps 200 ...]``."""
 from __future__ import annotations
 
-from lightning_modules.cli import SentenceCLI, check_output_dirs, exit_on_user_error, resolve_resume
+from harness.cli import SentenceCLI, check_output_dirs, exit_on_user_error, resolve_resume
 
 
 @exit_on_user_error

@@ -62,11 +62,13 @@ def setup_phase(path: str, batch_size: int, max_length: int, group_by_length: bo
     """One setup in this (fresh) process: seconds per step and peak memory."""
     import datamodules.base as base_module
     from datamodules import WikiDataModule
-    from lightning_modules.encoder import SentenceEncoder
+    from encoders.sentence import SentenceEncoder
+    from lightning_modules.simcse import SimCSE
 
     encoder = SentenceEncoder(MODEL, max_seq_length=max_length)
     dm = WikiDataModule(train_source=path, per_device_batch_size=batch_size, group_by_length=group_by_length)
-    dm.attach_encoder(encoder)
+    dm.use_tokenizer(**encoder.tokenization())
+    dm.check_objective(SimCSE)  # SimCSE's batches: no sentence twice
     steps: dict[str, float] = {}
 
     def timed(name, fn):
@@ -105,12 +107,14 @@ def speed(args) -> dict:
     import torch
 
     from datamodules import WikiDataModule
-    from lightning_modules.encoder import SentenceEncoder
+    from encoders.sentence import SentenceEncoder
+    from lightning_modules.simcse import SimCSE
 
     encoder = SentenceEncoder(MODEL, max_seq_length=args.max_length)
     dm = WikiDataModule(train_source=args._file, per_device_batch_size=args.batch_size,
                         group_by_length=args.group_by_length)
-    dm.attach_encoder(encoder)
+    dm.use_tokenizer(**encoder.tokenization())
+    dm.check_objective(SimCSE)
     dm.setup("fit")  # from the cache written by the setup phases
     loader = iter(dm.train_dataloader())
     n_load = args.loader_batches

@@ -32,9 +32,9 @@ def main() -> None:
     from sentence_transformers import SentenceTransformer
 
     from datamodules import load_sts_pairs
-    from lightning_modules.encoder import SentenceEncoder
-    from lightning_modules.hub import resolve_model_name
-    from lightning_modules.sts_eval import evaluate_sts
+    from encoders.sentence import SentenceEncoder
+    from encoders.hub import resolve_model_name
+    from harness.sts_eval import evaluate_sts
 
     threads = set_threads(args.threads)
     info = machine(threads)

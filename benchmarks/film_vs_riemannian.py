@@ -33,15 +33,10 @@ import geoopt
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from lightning_modules.film_solver import (  # noqa: E402
-    FILM,
-    FILMState,
-    hinge_objective,
-    solve_scales,
-    tfidf_features,
-    triplets_from_groups,
-    triplets_from_nli,
-)
+from datamodules.nli import LABELS  # noqa: E402
+from datamodules.triplets import nli_triplets, triplets_from_groups  # noqa: E402
+from encoders.tfidf import tfidf_features  # noqa: E402
+from lightning_modules.film_solver import FILM, FILMState, hinge_objective, solve_scales  # noqa: E402
 
 DT = torch.float64
 
@@ -71,9 +66,9 @@ def nli_problem(data_dir: Path, max_rows: int | None = None):
             p, h, label = line.rstrip("\n").split("\t")[:3]
             premise.append(ids.setdefault(p, len(ids)))
             hypothesis.append(ids.setdefault(h, len(ids)))
-            labels.append(label)
+            labels.append(LABELS.index(label))
     X, _ = tfidf_features(list(ids), min_df=2)
-    return X, triplets_from_nli(premise, hypothesis, labels)
+    return X, torch.tensor(nli_triplets(premise, hypothesis, labels, every_combination=True), dtype=torch.long)
 
 
 def fresh(state: FILMState) -> FILMState:

@@ -38,7 +38,7 @@ SBERT_V100 = 2042.0  # sentences/s, SBERT (BERT-base) with smart batching, V100 
 
 
 def build_encoder(name: str, max_seq_length: int = 128):
-    from lightning_modules.encoder import SentenceEncoder
+    from encoders.sentence import SentenceEncoder
 
     if name == "all-MiniLM-L6-v2":
         return SentenceEncoder(MINILM, pooling="mean", max_seq_length=max_seq_length)
@@ -67,7 +67,7 @@ def encode_rates(args, sentences: list[str]) -> dict[str, float]:
                 lambda e=encoder, p=precision: e.encode(sentences, batch_size=args.encode_batch_size, precision=p))
     from sentence_transformers import SentenceTransformer
 
-    from lightning_modules.hub import resolve_model_name
+    from encoders.hub import resolve_model_name
 
     theirs = SentenceTransformer(resolve_model_name(MINILM), device=device)
     programs["sentence-transformers all-MiniLM-L6-v2 fp32"] = lambda: theirs.encode(
@@ -95,8 +95,9 @@ def train_rate(args, name: str) -> None:
     L.seed_everything(args.seed)
     encoder = build_encoder(name)
     model = MNR(encoder, scale=20.0, gather_across_devices=True, lr=2e-5)
-    dm = NLIDataModule(train_sources=[args.nli], view="pairs", in_batch_negatives=True,
-                       per_device_batch_size=args.batch_size, group_by_length=True, seed=args.seed)
+    dm = NLIDataModule(train_sources=[args.nli], view="pairs", per_device_batch_size=args.batch_size,
+                       group_by_length=True, seed=args.seed)
+    dm.use_tokenizer(**encoder.tokenization())
     stamps: list[float] = []
 
     class Stamp(L.Callback):

@@ -75,7 +75,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
 
-    from lightning_modules.encoder import SentenceEncoder
+    from encoders.sentence import SentenceEncoder
 
     info = machine(set_threads(args.threads))
     print_machine(info)

@@ -43,7 +43,7 @@ def peak_rss_mib() -> float:
 
 def build(objective: str, mini_batch: int | None):
     from lightning_modules.dclr import DCLR
-    from lightning_modules.encoder import SentenceEncoder
+    from encoders.sentence import SentenceEncoder
     from lightning_modules.mnr import MNR
     from lightning_modules.simcse import SimCSE
 

@@ -99,8 +99,8 @@ peer st_mnr mnr --batch_size 64 --seed 42
 ours mnr_hard_negatives 42 configs/mnr_nli.yaml "${NLIDATA[@]}" --data.init_args.view triplets
 ours simcse_unsup 42 configs/simcse_unsup.yaml "${SIMCSE_START[@]}"
 COMPLEMENTARY=(--model.init_args.complementary_model "$(last_ckpt simcse_unsup 2>/dev/null || true)")
-ours dclr_paper_s42 42 configs/dclr_bert_base.yaml "${SIMCSE_START[@]}" "${DCLR[@]}" "${COMPLEMENTARY[@]}"
-ours dclr_official 42 configs/dclr_official.yaml "${SIMCSE_START[@]}" "${DCLR[@]}" "${COMPLEMENTARY[@]}"
+ours dclr_paper_s42 42 configs/dclr.yaml "${SIMCSE_START[@]}" "${DCLR[@]}" "${COMPLEMENTARY[@]}"
+ours dclr_official 42 configs/dclr.yaml --config configs/dclr/official.yaml "${SIMCSE_START[@]}" "${DCLR[@]}" "${COMPLEMENTARY[@]}"
 for seed in 43 44; do
     ours sts_regression_s$seed $seed configs/sbert_sts_regression.yaml "${STSB[@]}"
 done
@@ -112,7 +112,7 @@ fi
 film film_tfidf configs/film_tfidf.yaml --data.init_args.train_sources "$NLI"
 film film_frozen_encoder configs/film_frozen_encoder.yaml --data.init_args.train_sources "[$DATA/${NLI_FILES[0]}]"
 for seed in 43 44; do
-    ours dclr_paper_s$seed $seed configs/dclr_bert_base.yaml "${SIMCSE_START[@]}" "${DCLR[@]}" "${COMPLEMENTARY[@]}"
+    ours dclr_paper_s$seed $seed configs/dclr.yaml "${SIMCSE_START[@]}" "${DCLR[@]}" "${COMPLEMENTARY[@]}"
 done
 for seed in 43 44; do  # SimCSE's seeds too, so that DCLR's gain over it can be told from seed noise
     ours simcse_unsup_s$seed $seed configs/simcse_unsup.yaml "${SIMCSE_START[@]}"

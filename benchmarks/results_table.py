@@ -13,7 +13,10 @@ import json
 import statistics
 from pathlib import Path
 
-TASKS = ["sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr"]
+import common  # noqa: F401  (puts the repository on sys.path)
+from datamodules.sts import STS_TASKS
+
+TASKS = list(STS_TASKS)
 HEADER = ["STS12", "STS13", "STS14", "STS15", "STS16", "STS-B", "SICK-R", "avg"]
 ROWS = [  # (row directory or seed prefix, label)
     ("start", "start model (all-MiniLM-L6-v2), no training"),

@@ -88,7 +88,7 @@ def main() -> None:
                                        SentenceTransformerTrainingArguments)
     from sentence_transformers.base.sampler import BatchSamplers
 
-    from lightning_modules.hub import resolve_model_name
+    from encoders.hub import resolve_model_name
 
     transformers.logging.set_verbosity_error()
     rows = training_rows(args.objective, args.data_dir)

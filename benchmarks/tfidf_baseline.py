@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from datamodules import STS_TASKS, FILMDataModule  # noqa: E402
-from lightning_modules.film_solver import tfidf_features  # noqa: E402
-from lightning_modules.sts_eval import evaluate_sts, format_table  # noqa: E402
+from encoders.tfidf import tfidf_features  # noqa: E402
+from harness.sts_eval import evaluate_sts, format_table  # noqa: E402
 
 
 def dense_tfidf(vectorizer, sentences: list[str]) -> torch.Tensor:

@@ -71,9 +71,8 @@ def ours_datamodule(args, encoder, group_by_length: bool):
     from datamodules import NLIDataModule
 
     dm = NLIDataModule(train_sources=[os.path.join(args.data_dir, "nli", "snli.test.tsv")], view="pairs",
-                       in_batch_negatives=True, per_device_batch_size=args.batch_size,
-                       group_by_length=group_by_length, seed=args.seed)
-    dm.attach_encoder(encoder)
+                       per_device_batch_size=args.batch_size, group_by_length=group_by_length, seed=args.seed)
+    dm.use_tokenizer(**encoder.tokenization())
     return dm
 
 
@@ -81,7 +80,7 @@ def run_ours(args, group_by_length: bool, callbacks: tuple = (), profiler=None) 
     import lightning as L
     import torch
 
-    from lightning_modules.encoder import SentenceEncoder
+    from encoders.sentence import SentenceEncoder
     from lightning_modules.mnr import MNR
 
     torch.manual_seed(args.seed)
@@ -112,7 +111,7 @@ def run_theirs(args, batches: list[list[int]] | None, pairs, callbacks: tuple = 
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
     from transformers import TrainerCallback
 
-    from lightning_modules.hub import resolve_model_name
+    from encoders.hub import resolve_model_name
 
     torch.manual_seed(args.seed)
     model = SentenceTransformer(resolve_model_name(MODEL), device="cpu")
@@ -140,7 +139,7 @@ def run_theirs(args, batches: list[list[int]] | None, pairs, callbacks: tuple = 
 
 def identical_batches(args) -> tuple:
     """Our no-duplicate batches (indices), and the same rows as a plain pair dataset for theirs."""
-    from lightning_modules.encoder import SentenceEncoder
+    from encoders.sentence import SentenceEncoder
 
     dm = ours_datamodule(args, SentenceEncoder(MODEL, max_seq_length=args.max_length), group_by_length=False)
     dm.setup("fit")

@@ -49,8 +49,11 @@ class SentenceDataModule(L.LightningDataModule):
     tokenizes them once (cached by ``datasets``, keyed on the tokenizer and max length),
     batches them, and provides the STS validation sets every objective is selected on.
 
-    The tokenizer and training max length come from the model's encoder
-    (``trainer.lightning_module.encoder``), so they are set in one place only.
+    The tokenizer and truncation lengths are the model's: ``train.py``'s CLI passes the encoder's
+    (``use_tokenizer``), so they are set in one place only. In ``setup``, before loading anything,
+    the objective's side of the contract is checked (``check_objective``): its ``batch_keys`` must be
+    among this module's, and when it ``needs_unique_sentences`` the sampler never puts a sentence twice
+    in a batch (and drops the last incomplete batch).
 
     Args:
         per_device_batch_size: examples per device per optimizer step (the global batch is this
@@ -66,7 +69,6 @@ class SentenceDataModule(L.LightningDataModule):
 
     text_columns: Sequence[str] = ()
     label_columns: Sequence[str] = ()
-    needs_in_batch_negatives: bool = False
 
     def __init__(
         self,
@@ -88,7 +90,10 @@ class SentenceDataModule(L.LightningDataModule):
         self.group_by_length = group_by_length
         self.num_workers = num_workers
         self.seed = seed
-        self.encoder = None
+        self.tokenizer = None
+        self.max_length: int | None = None
+        self.eval_max_length: int | None = None
+        self.unique_sentences = False  # set from the objective (check_objective)
         self.train_dataset: datasets.Dataset | None = None
         self.val_datasets: dict[str, datasets.Dataset] = {}
         self.train_sampler: SentenceBatchSampler | None = None
@@ -104,17 +109,37 @@ class SentenceDataModule(L.LightningDataModule):
         (N, k) integer array; None = no constraint."""
         return None
 
-    # -- shared machinery ------------------------------------------------------------------
-    def attach_encoder(self, encoder) -> None:
-        """Use this encoder's tokenizer and max length (done automatically under a Trainer)."""
-        self.encoder = encoder
+    @property
+    def batch_keys(self) -> tuple[str, ...]:
+        """The keys of a training batch: this module's side of the data contract."""
+        return (*self.text_columns, *self.label_columns)
 
-    def _get_encoder(self):
-        if self.encoder is None:
-            if self.trainer is None or self.trainer.lightning_module is None:
-                raise RuntimeError("attach_encoder(encoder) before setup() when not running under a Trainer")
-            self.encoder = self.trainer.lightning_module.encoder
-        return self.encoder
+    # -- wiring: the model's tokenizer, and the objective's contract ------------------------
+    def use_tokenizer(self, tokenizer: Any, max_length: int, eval_max_length: int) -> None:
+        """Tokenize with the model's tokenizer: training rows truncated at ``max_length``, dev pairs at
+        ``eval_max_length`` (the model's maximum). ``SentenceEncoder.tokenization()`` gives all three."""
+        self.tokenizer, self.max_length, self.eval_max_length = tokenizer, max_length, eval_max_length
+
+    def check_objective(self, objective: Any) -> None:
+        """Fail, naming both classes, when ``objective`` cannot train on this module's batches; take its
+        need for batches without a repeated sentence (in-batch negatives)."""
+        accepts = getattr(objective, "accepts_batch_keys", None)
+        if accepts is None:
+            return
+        name = objective.__name__ if isinstance(objective, type) else type(objective).__name__
+        if not accepts(self.batch_keys):
+            raise ValueError(
+                f"{name} trains on batch keys {objective.describe_batch_keys()}, but "
+                f"{type(self).__name__} gives {', '.join(self.batch_keys) or 'none'}; choose a data module or view "
+                "that provides them"
+            )
+        self.unique_sentences = bool(getattr(objective, "needs_unique_sentences", False))
+
+    def _require_tokenizer(self):
+        if self.tokenizer is None:
+            raise RuntimeError(f"{type(self).__name__}.use_tokenizer(**encoder.tokenization()) before setup() "
+                               "(train.py's CLI does it)")
+        return self.tokenizer
 
     def validation_sources(self) -> dict[str, str]:
         sources: dict[str, str] = dict(self.val_sources)  # data.sts_dir, when given, wins per name
@@ -130,7 +155,7 @@ class SentenceDataModule(L.LightningDataModule):
 
     def tokenize(self, ds: datasets.Dataset, columns: Sequence[str], max_length: int) -> datasets.Dataset:
         """Add ``<column>_ids`` token ids (no padding) for each text column, batched and cached."""
-        tokenizer = self._get_encoder().tokenizer
+        tokenizer = self._require_tokenizer()
         key = "|".join([ds._fingerprint, tokenizer.name_or_path, str(len(tokenizer)), str(max_length), *columns])
         fingerprint = hashlib.sha256(key.encode()).hexdigest()[:32]
 
@@ -142,20 +167,22 @@ class SentenceDataModule(L.LightningDataModule):
         return ds.map(encode, batched=True, batch_size=2000, new_fingerprint=fingerprint, desc="tokenizing")
 
     def setup(self, stage: str | None = None) -> None:
-        encoder = self._get_encoder()
+        if self.trainer is not None and self.trainer.lightning_module is not None:
+            self.check_objective(self.trainer.lightning_module)  # before any work
+        self._require_tokenizer()
         if stage in (None, "fit") and self.train_dataset is None:
             rows = self.load_train_rows()
             if len(rows) == 0:
                 raise DataError(f"{type(self).__name__}: no training rows were loaded")
             keys = self.unique_keys(rows)
-            self.train_dataset = self.tokenize(rows, self.text_columns, encoder.max_seq_length)
+            self.train_dataset = self.tokenize(rows, self.text_columns, self.max_length)
             first = f"{self.text_columns[0]}_ids"
             lengths = token_counts(self.train_dataset, first) if self.group_by_length else [0] * len(rows)
             world, rank = self._world()
-            if self.needs_in_batch_negatives and self.per_device_batch_size * world < 2:
+            if self.unique_sentences and self.per_device_batch_size * world < 2:
                 raise ValueError("data.per_device_batch_size: in-batch negatives need a global batch of at least 2")
             self.train_sampler = SentenceBatchSampler(
-                lengths, self.per_device_batch_size, shuffle=True, drop_last=self.needs_in_batch_negatives,
+                lengths, self.per_device_batch_size, shuffle=True, drop_last=self.unique_sentences,
                 group_by_length=self.group_by_length, unique_keys=keys, seed=self.seed,
                 num_replicas=world, rank=rank,
             )
@@ -167,7 +194,7 @@ class SentenceDataModule(L.LightningDataModule):
         if stage in (None, "fit", "validate") and not self.val_datasets:
             for name, source in self.validation_sources().items():
                 pairs = load_sts_pairs(source)
-                self.val_datasets[name] = self.tokenize(pairs, ["sentence1", "sentence2"], encoder.eval_max_length)
+                self.val_datasets[name] = self.tokenize(pairs, ["sentence1", "sentence2"], self.eval_max_length)
 
     def _world(self) -> tuple[int, int]:
         if self.trainer is not None:
@@ -179,7 +206,7 @@ class SentenceDataModule(L.LightningDataModule):
         return list(self.val_datasets)
 
     def _collator(self, text_columns: Sequence[str], label_columns: Sequence[str]) -> PadCollator:
-        return PadCollator(text_columns, self._get_encoder().tokenizer.pad_token_id or 0, label_columns)
+        return PadCollator(text_columns, self._require_tokenizer().pad_token_id or 0, label_columns)
 
     def train_dataloader(self) -> DataLoader:
         if self._resumed_position:

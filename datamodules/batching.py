@@ -13,6 +13,18 @@ from torch.utils.data import Sampler
 log = logging.getLogger(__name__)
 
 
+def pad_token_ids(rows: Sequence[Sequence[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded ``input_ids`` and ``attention_mask`` (B, L) from token id lists: the one padding
+    rule of training batches, validation batches and ``SentenceEncoder.encode``."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # (B, L)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
+        mask[i, : len(r)] = 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
 class PadCollator:
     """Pads pre-tokenized columns into ``{column: {"input_ids", "attention_mask"}}`` (B, L) tensors.
 
@@ -28,14 +40,7 @@ class PadCollator:
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         batch: dict[str, Any] = {}
         for column in self.text_columns:
-            seqs = [row[f"{column}_ids"] for row in rows]
-            width = max(len(s) for s in seqs)
-            ids = torch.full((len(seqs), width), self.pad_token_id, dtype=torch.long)  # (B, L)
-            mask = torch.zeros((len(seqs), width), dtype=torch.long)
-            for i, s in enumerate(seqs):
-                ids[i, : len(s)] = torch.as_tensor(s, dtype=torch.long)
-                mask[i, : len(s)] = 1
-            batch[column] = {"input_ids": ids, "attention_mask": mask}
+            batch[column] = pad_token_ids([row[f"{column}_ids"] for row in rows], self.pad_token_id)
         for column in self.label_columns:
             values = [row[column] for row in rows]
             dtype = torch.long if isinstance(values[0], int) else torch.float
@@ -56,12 +61,14 @@ class SentenceBatchSampler(Sampler[list[int]]):
         shuffle: new random order every epoch (``set_epoch``).
         drop_last: drop the last incomplete global batch (needed by in-batch negatives); otherwise
             it is completed by wrapping around to the first examples when several ranks need equal shares.
-        group_by_length: sort within random chunks of ``chunk_batches`` batches by length, then
+        group_by_length: sort within random chunks of ``GROUP_CHUNK_BATCHES`` batches by length, then
             shuffle the batches: less padding, while the chunk's batches stay randomly composed.
         unique_keys: per-example hashable keys (e.g. its sentences), or an (N, k) integer array of
             them (``io.sentence_ids``); no two examples sharing a key land in one global batch,
             because a duplicate is a false in-batch negative.
     """
+
+    GROUP_CHUNK_BATCHES = 50  # length grouping sorts within chunks of this many global batches
 
     def __init__(
         self,
@@ -74,7 +81,6 @@ class SentenceBatchSampler(Sampler[list[int]]):
         seed: int = 0,
         num_replicas: int = 1,
         rank: int = 0,
-        chunk_batches: int = 50,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -88,7 +94,6 @@ class SentenceBatchSampler(Sampler[list[int]]):
         self.seed = seed
         self.num_replicas = num_replicas
         self.rank = rank
-        self.chunk_batches = chunk_batches
         self.epoch = 0
         self.skip_batches = 0  # set when resuming mid-epoch (load_state_dict)
         self.batches_yielded = 0  # of the current epoch, skipped ones included
@@ -113,7 +118,7 @@ class SentenceBatchSampler(Sampler[list[int]]):
         if self.shuffle:
             rng.shuffle(order)
         if self.group_by_length:
-            chunk = self.batch_size * self.num_replicas * self.chunk_batches
+            chunk = self.batch_size * self.num_replicas * self.GROUP_CHUNK_BATCHES
             grouped = []
             for start in range(0, len(order), chunk):
                 grouped.extend(sorted(order[start:start + chunk], key=lambda i: self.lengths[i]))

@@ -12,7 +12,8 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from .base import SentenceDataModule, load_sts_pairs
 from .io import DataError
-from .nli import LABELS, load_nli
+from .nli import load_nli
+from .triplets import NO_TRIPLETS, nli_triplets, triplets_from_scored_pairs
 
 log = logging.getLogger(__name__)
 
@@ -32,26 +33,25 @@ def _keep_used(sentences: dict[str, int], triplets: Tensor) -> tuple[list[str], 
 
 def nli_index_triplets(parts: list[datasets.Dataset]) -> tuple[list[str], Tensor]:
     """``(sentences, triplets (m, 3))`` from NLI rows: every (premise, entailment, contradiction)
-    combination of each premise (``film_solver.triplets_from_nli``); sentences are de-duplicated."""
-    from lightning_modules.film_solver import triplets_from_nli
-
+    combination of each premise (``triplets.nli_triplets``); sentences are de-duplicated."""
     sentences: dict[str, int] = {}
     premise, hypothesis, labels = [], [], []
     for ds in parts:
         for p, h, y in zip(ds["premise"], ds["hypothesis"], ds["label"]):
             premise.append(_index(sentences, p))
             hypothesis.append(_index(sentences, h))
-            labels.append(LABELS[y])
-    return _keep_used(sentences, triplets_from_nli(premise, hypothesis, labels))
+            labels.append(y)
+    rows = nli_triplets(premise, hypothesis, labels, every_combination=True)
+    if not rows:
+        raise ValueError(f"{NO_TRIPLETS}: no premise has both an entailment and a contradiction")
+    return _keep_used(sentences, torch.tensor(rows, dtype=torch.long))
 
 
 def sts_index_triplets(parts: list[datasets.Dataset], threshold: float, per_anchor: int,
                        seed: int) -> tuple[list[str], Tensor]:
     """``(sentences, triplets (m, 3))`` from scored pairs: a pair scored ``>= threshold`` (on the [0, 1]
     scale) is a positive, the anchor's partners below it are its negatives, else random sentences
-    (``film_solver.triplets_from_scored_pairs``)."""
-    from lightning_modules.film_solver import triplets_from_scored_pairs
-
+    (``triplets.triplets_from_scored_pairs``)."""
     sentences: dict[str, int] = {}
     pairs, scores = [], []
     for ds in parts:
@@ -122,6 +122,10 @@ class FILMDataModule(SentenceDataModule):
         self.train_sentences: list[str] | None = None
         self.train_triplets: Tensor | None = None
 
+    @property
+    def batch_keys(self) -> tuple[str, ...]:
+        return ("sentences", "triplets")  # the whole corpus at set-up: FILM has no training batches
+
     def load_triplets(self) -> tuple[list[str], Tensor]:
         """``(sentences, triplets)`` of the training sources, or a DataError naming them."""
         names = ", ".join(self.train_sources)
@@ -132,10 +136,12 @@ class FILMDataModule(SentenceDataModule):
             return sts_index_triplets(parts, self.sts_threshold, self.triplets_per_anchor, self.seed)
         except DataError:
             raise
-        except ValueError as err:  # film_solver's "no triplets could be generated ..."
+        except ValueError as err:  # the triplet builders' "no triplets could be generated ..."
             raise DataError(f"{names}: {err}") from None
 
     def setup(self, stage: str | None = None) -> None:
+        if self.trainer is not None and self.trainer.lightning_module is not None:
+            self.check_objective(self.trainer.lightning_module)  # before any work
         # "validate" too: FILM's start model (its spectral initialisation) is defined by the training data
         if stage in (None, "fit", "validate") and self.train_sentences is None:
             self.train_sentences, self.train_triplets = self.load_triplets()

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from typing import Literal
 
 import datasets
 
 from .base import SentenceDataModule
 from .io import DataError, check_text_columns, describe_row, drop_rows, load_source, require_columns, sentence_ids
+from .triplets import nli_triplets
 
 log = logging.getLogger(__name__)
 
@@ -41,31 +41,6 @@ def load_nli(source: str) -> datasets.Dataset:
     return ds.select_columns(["premise", "hypothesis"]).add_column("label", ids)
 
 
-def nli_triplets(ds: datasets.Dataset) -> datasets.Dataset:
-    """(anchor, positive, negative) = (premise, entailment, contradiction) of the same premise.
-
-    Each entailment hypothesis of a premise is paired with one of its contradictions, cycling
-    through them, so every entailment is used once.
-    """
-    ent: dict[str, list[str]] = defaultdict(list)
-    con: dict[str, list[str]] = defaultdict(list)
-    for p, h, y in zip(ds["premise"], ds["hypothesis"], ds["label"]):
-        if y == 0:
-            ent[p].append(h)
-        elif y == 2:
-            con[p].append(h)
-    rows = {"anchor": [], "positive": [], "negative": []}
-    for premise, positives in ent.items():
-        negatives = con.get(premise)
-        if not negatives:
-            continue
-        for i, pos in enumerate(positives):
-            rows["anchor"].append(premise)
-            rows["positive"].append(pos)
-            rows["negative"].append(negatives[i % len(negatives)])
-    return datasets.Dataset.from_dict(rows)
-
-
 class NLIDataModule(SentenceDataModule):
     """NLI training data in the view an objective needs.
 
@@ -79,15 +54,12 @@ class NLIDataModule(SentenceDataModule):
             ``snli:train`` and ``multi_nli:train``, concatenated. A file that already has
             ``anchor, positive[, negative]`` columns (any pair or triplet file) is used as is.
         view: which of the three views above.
-        in_batch_negatives: batches never hold the same sentence twice and drop the last
-            incomplete batch (for MNR and SimCSE; set by their configs).
     """
 
     def __init__(
         self,
         train_sources: list[str],
         view: Literal["labelled", "pairs", "triplets"] = "labelled",
-        in_batch_negatives: bool = False,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
@@ -95,7 +67,6 @@ class NLIDataModule(SentenceDataModule):
             raise ValueError("data.train_sources: at least one source is needed")
         self.train_sources = list(train_sources)
         self.view = view
-        self.needs_in_batch_negatives = in_batch_negatives
         self.text_columns = {"labelled": ("sentence1", "sentence2"), "pairs": ("anchor", "positive"),
                              "triplets": ("anchor", "positive", "negative")}[view]
         self.label_columns = ("label",) if view == "labelled" else ()
@@ -115,7 +86,8 @@ class NLIDataModule(SentenceDataModule):
         if self.view == "pairs":
             ds = ds.filter(lambda y: [v == 0 for v in y], input_columns="label", batched=True)
             return ds.rename_columns({"premise": "anchor", "hypothesis": "positive"}).select_columns(["anchor", "positive"])
-        triplets = nli_triplets(ds)
+        rows = nli_triplets(ds["premise"], ds["hypothesis"], ds["label"])
+        triplets = datasets.Dataset.from_dict({c: [r[i] for r in rows] for i, c in enumerate(self.text_columns)})
         log.info("%s: %d triplets from %d labelled pairs", source, len(triplets), len(ds))
         return triplets
 
@@ -127,6 +99,6 @@ class NLIDataModule(SentenceDataModule):
         return ds
 
     def unique_keys(self, ds: datasets.Dataset):
-        if not self.needs_in_batch_negatives:
+        if not self.unique_sentences:
             return None
         return sentence_ids(ds, self.text_columns)  # (N, columns): a sentence has one id in every column

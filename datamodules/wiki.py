@@ -21,7 +21,6 @@ class WikiDataModule(SentenceDataModule):
     """
 
     text_columns = ("sentence",)
-    needs_in_batch_negatives = True
 
     def __init__(
         self,

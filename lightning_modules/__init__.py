@@ -1,4 +1,4 @@
-"""The shared encoder and one LightningModule per objective.
+"""One LightningModule per objective, their base class, and the loss maths they share.
 
 Imports are lazy (PEP 562), so ``lightning_modules.losses`` can be used, and worker processes
 spawned, without importing Lightning and transformers.
@@ -6,7 +6,6 @@ spawned, without importing Lightning and transformers.
 import importlib
 
 _EXPORTS = {
-    "SentenceEncoder": "encoder",
     "SentenceEmbeddingModule": "base",
     "NLISoftmax": "nli_softmax",
     "STSRegression": "sts_regression",
@@ -15,7 +14,6 @@ _EXPORTS = {
     "SimCSE": "simcse",
     "DCLR": "dclr",
     "FILMObjective": "film",
-    "FILMEncoder": "film",
 }
 
 __all__ = list(_EXPORTS)

@@ -1,21 +1,25 @@
 """What no objective owns: encoding, the shared STS validation, optimizer and warmup schedule."""
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Sequence
 
 import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torchmetrics import MeanMetric, SpearmanCorrCoef
+from torchmetrics import SpearmanCorrCoef
 from transformers import get_scheduler
 
-from .encoder import SentenceEncoder
+from encoders.sentence import SentenceEncoder
+
 from .losses import alignment, uniformity
 
 
 class SentenceEmbeddingModule(L.LightningModule):
-    """Base of every objective. A subclass implements ``training_loss(batch) -> (loss, logs)``.
+    """Base of every objective. A subclass implements ``training_loss(batch) -> (loss, logs)`` and
+    declares its side of the data contract, which the DataModule checks in ``setup`` before any work:
+    ``batch_keys`` (the training batch keys it reads) and ``needs_unique_sentences`` (no sentence twice
+    in a batch, for in-batch negatives; the DataModule's sampler then guarantees it).
 
     Validation is the same for all objectives: Spearman x 100 of cosine similarity against the
     gold score on each dev set the DataModule provides (``val/stsb_spearman``,
@@ -31,6 +35,18 @@ class SentenceEmbeddingModule(L.LightningModule):
         scheduler: learning-rate shape after warmup (``transformers.get_scheduler`` names).
         alignment_threshold: rescaled gold score from which a dev pair counts as a positive pair.
     """
+
+    batch_keys: tuple[str, ...] = ()
+    needs_unique_sentences: bool = False
+
+    @classmethod
+    def accepts_batch_keys(cls, keys: Sequence[str]) -> bool:
+        """Whether training batches with these keys are enough for this objective."""
+        return set(cls.batch_keys) <= set(keys)
+
+    @classmethod
+    def describe_batch_keys(cls) -> str:
+        return ", ".join(cls.batch_keys)
 
     def __init__(
         self,
@@ -158,6 +174,7 @@ class SentenceEmbeddingModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Enough to rebuild and evaluate the encoder from the checkpoint alone.
         checkpoint["encoder_config"] = dict(self.encoder.config_dict)
+        checkpoint["encoder_class"] = type(self.encoder).__name__  # encoders.checkpoint.encoder_classes
         checkpoint["objective"] = f"{type(self).__module__}.{type(self).__qualname__}"
         if self.run_config is not None:
             checkpoint["run_config"] = self.run_config

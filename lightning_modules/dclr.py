@@ -8,7 +8,7 @@ from torch import Tensor, nn
 
 from .base import SentenceEmbeddingModule
 from .distributed import gather_with_grad, rank_and_world
-from .encoder import Pooling, SentenceEncoder
+from encoders.sentence import Pooling, SentenceEncoder
 from .losses import (alignment, anchor_cosines, cosine_similarity_matrix, dclr_loss, dclr_noise_ascent, dclr_weights,
                      uniformity)
 
@@ -16,7 +16,7 @@ from .losses import (alignment, anchor_cosines, cosine_similarity_matrix, dclr_l
 def load_complementary(model: str, pooling: Pooling) -> SentenceEncoder:
     """A SimCSE checkpoint of this codebase (``*.ckpt``, its own pooling) or a hub name/directory."""
     if model.endswith(".ckpt"):
-        from .checkpoint import encoder_from_checkpoint
+        from encoders.checkpoint import encoder_from_checkpoint
 
         return encoder_from_checkpoint(model)[0]
     return SentenceEncoder(model, pooling=pooling)
@@ -53,7 +53,7 @@ class DCLR(SentenceEmbeddingModule):
       - ``masked="zero_logit"``: a masked negative's logit is set to 0 instead of being removed;
       - ``threshold_rule="official"``: strict ``cos/tau > phi/tau`` (the code's ``phi * 20``, which is
         only right at tau 0.05; the threshold is derived from ``temperature`` here).
-    ``configs/dclr_official.yaml`` turns all five on.
+    ``configs/dclr.yaml --config configs/dclr/official.yaml`` turns all five on.
 
     Noise movement, measured (see losses.dclr_noise_ascent and the ``train/noise_*`` curves): with
     sigma 1 in 384 dimensions, 4 steps of 1e-3 move each vector by 0.004 against a norm of ~19.6 and
@@ -79,6 +79,9 @@ class DCLR(SentenceEmbeddingModule):
         threshold_rule: ``>= phi`` (paper) or the official strict comparison on logits.
         gather_across_devices: in-batch negatives from all devices, with gradient.
     """
+
+    batch_keys = ("sentence",)
+    needs_unique_sentences = True
 
     def __init__(
         self,

@@ -5,7 +5,7 @@ from typing import Any
 
 from torch import Tensor
 
-from .encoder import SentenceEncoder
+from encoders.sentence import SentenceEncoder
 from .ranking import InBatchRanking
 
 
@@ -16,7 +16,7 @@ class MNR(InBatchRanking):
     sentence-transformers' MultipleNegativesRankingLoss).
 
     Batch keys: ``anchor``, ``positive`` and optionally ``negative`` (tokenized):
-    ``NLIDataModule(view="pairs" | "triplets", in_batch_negatives=True)``, whose sampler never
+    ``NLIDataModule(view="pairs" | "triplets")``, whose sampler never
     puts the same sentence twice in a batch (a duplicate is a false negative).
     Defaults: scale 20 (temperature 0.05), candidates gathered from every device.
 
@@ -31,6 +31,9 @@ class MNR(InBatchRanking):
             per-device batches; the DataModule's sampler guarantees it).
         mini_batch_size: GradCache mini-batch; None embeds the whole batch at once.
     """
+
+    batch_keys = ("anchor", "positive")  # and "negative" when the data has hard negatives
+    needs_unique_sentences = True
 
     def __init__(self, encoder: SentenceEncoder, scale: float = 20.0, symmetric: bool = False,
                  **kwargs: Any) -> None:

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .base import SentenceEmbeddingModule
-from .encoder import SentenceEncoder
+from encoders.sentence import SentenceEncoder
 from .losses import sbert_pair_features
 
 
@@ -27,6 +27,8 @@ class NLISoftmax(SentenceEmbeddingModule):
         encoder: the sentence encoder.
         num_labels: classes of the classifier.
     """
+
+    batch_keys = ("sentence1", "sentence2", "label")
 
     def __init__(self, encoder: SentenceEncoder, num_labels: int = 3, **kwargs: Any) -> None:
         super().__init__(encoder, **kwargs)

@@ -8,7 +8,7 @@ from torch import Tensor
 
 from .base import SentenceEmbeddingModule
 from .distributed import gather_with_grad, rank_and_world
-from .encoder import SentenceEncoder
+from encoders.sentence import SentenceEncoder
 from .grad_cache import grad_cache_loss
 from .losses import alignment, in_batch_accuracy, info_nce_loss, uniformity
 
@@ -75,7 +75,7 @@ def check_grad_cache_strategy(trainer: Any, mini_batch_size: int | None) -> None
     reducer synchronises wrong gradients without any error."""
     if mini_batch_size is None or trainer.world_size == 1:
         return
-    kwargs = getattr(trainer.strategy, "_ddp_kwargs", {})
+    kwargs = getattr(trainer.strategy, "_ddp_kwargs", {})  # DDPStrategy has no public accessor for its DDP kwargs
     if not kwargs.get("static_graph", False):
         raise ValueError(
             "model.init_args.mini_batch_size (GradCache) under DDP needs "

@@ -1,11 +1,11 @@
 """SimCSE, unsupervised (dropout as augmentation) and supervised (NLI)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from torch import Tensor
 
-from .encoder import SentenceEncoder
+from encoders.sentence import SentenceEncoder
 from .ranking import InBatchRanking
 
 
@@ -19,7 +19,7 @@ class SimCSE(InBatchRanking):
     batch 64, lr 3e-5, one epoch of 1M Wikipedia sentences, STS-B dev every 125 steps.
 
     Supervised, batch keys ``anchor``, ``positive``, ``negative`` (``NLIDataModule(view=
-    "triplets", in_batch_negatives=True)``): entailment as positive, contradiction as hard
+    "triplets")``): entailment as positive, contradiction as hard
     negative. Paper: batch 512, lr 5e-5, 3 epochs, ``cls`` pooling with the MLP head kept.
 
     The encoder must be in train mode (dropout on) for the unsupervised task to be non-trivial;
@@ -31,6 +31,18 @@ class SimCSE(InBatchRanking):
         gather_across_devices: negatives from all devices, with gradient.
         mini_batch_size: GradCache mini-batch; None embeds the whole batch at once.
     """
+
+    batch_keys = ("sentence",)  # unsupervised
+    supervised_batch_keys = ("anchor", "positive", "negative")
+    needs_unique_sentences = True
+
+    @classmethod
+    def accepts_batch_keys(cls, keys: Sequence[str]) -> bool:
+        return set(cls.batch_keys) <= set(keys) or set(cls.supervised_batch_keys) <= set(keys)
+
+    @classmethod
+    def describe_batch_keys(cls) -> str:
+        return f"{', '.join(cls.batch_keys)} (unsupervised) or {', '.join(cls.supervised_batch_keys)} (supervised)"
 
     def __init__(self, encoder: SentenceEncoder, temperature: float = 0.05, **kwargs: Any) -> None:
         super().__init__(encoder, **kwargs)

@@ -18,6 +18,8 @@ class STSRegression(SentenceEmbeddingModule):
     4 epochs over STS-B train.
     """
 
+    batch_keys = ("sentence1", "sentence2", "score")
+
     def training_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
         u = self.encoder(batch["sentence1"])  # (B, H)
         v = self.encoder(batch["sentence2"])  # (B, H)

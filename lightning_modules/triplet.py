@@ -6,7 +6,7 @@ from typing import Any
 from torch import Tensor
 
 from .base import SentenceEmbeddingModule
-from .encoder import SentenceEncoder
+from encoders.sentence import SentenceEncoder
 from .losses import triplet_loss
 
 
@@ -25,6 +25,8 @@ class Triplet(SentenceEmbeddingModule):
         encoder: the sentence encoder.
         margin: the triplet margin.
     """
+
+    batch_keys = ("anchor", "positive", "negative")
 
     def __init__(self, encoder: SentenceEncoder, margin: float = 1.0, **kwargs: Any) -> None:
         super().__init__(encoder, **kwargs)

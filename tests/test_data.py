@@ -5,7 +5,9 @@ from datamodules.base import load_sts_pairs
 from datamodules.batching import SentenceBatchSampler
 from datamodules.io import DataError
 from datamodules.nli import load_nli
-from lightning_modules.encoder import SentenceEncoder
+from encoders.sentence import SentenceEncoder
+from lightning_modules.mnr import MNR
+from lightning_modules.nli_softmax import NLISoftmax
 
 
 def write(path, text):
@@ -57,8 +59,9 @@ def test_nli_views(fixtures_dir, tiny_model_dir):
     enc = SentenceEncoder(tiny_model_dir)
     for view, keys in (("labelled", {"sentence1", "sentence2", "label"}), ("pairs", {"anchor", "positive"}),
                        ("triplets", {"anchor", "positive", "negative"})):
-        dm = NLIDataModule([source], view=view, per_device_batch_size=4, in_batch_negatives=view != "labelled")
-        dm.attach_encoder(enc)
+        dm = NLIDataModule([source], view=view, per_device_batch_size=4)
+        dm.check_objective(NLISoftmax if view == "labelled" else MNR)  # MNR: no sentence twice in a batch
+        dm.use_tokenizer(**enc.tokenization())
         dm.setup("fit")
         batch = next(iter(dm.train_dataloader()))
         assert set(batch) == keys
@@ -74,11 +77,11 @@ def test_nli_views(fixtures_dir, tiny_model_dir):
 def test_wiki_empty_line_error_or_skip(tmp_path, tiny_model_dir):
     path = write(tmp_path / "w.txt", "one sentence\n\nanother one\n")
     dm = WikiDataModule(path, per_device_batch_size=2)
-    dm.attach_encoder(SentenceEncoder(tiny_model_dir))
+    dm.use_tokenizer(**SentenceEncoder(tiny_model_dir).tokenization())
     with pytest.raises(DataError, match=r"w\.txt:2: empty"):
         dm.setup("fit")
     dm = WikiDataModule(path, per_device_batch_size=2, skip_empty=True)
-    dm.attach_encoder(SentenceEncoder(tiny_model_dir))
+    dm.use_tokenizer(**SentenceEncoder(tiny_model_dir).tokenization())
     dm.setup("fit")
     assert len(dm.train_dataset) == 2
 
@@ -118,7 +121,7 @@ def test_sampler_length_grouping_reduces_padding():
 def test_sts_datamodule_batch(fixtures_dir, tiny_model_dir):
     dm = STSDataModule(str(fixtures_dir / "sts" / "stsb.train.tsv"), sts_dir=str(fixtures_dir / "sts"),
                        per_device_batch_size=8)
-    dm.attach_encoder(SentenceEncoder(tiny_model_dir))
+    dm.use_tokenizer(**SentenceEncoder(tiny_model_dir).tokenization())
     dm.setup("fit")
     assert dm.val_names == ["stsb", "sickr"]
     batch = next(iter(dm.train_dataloader()))

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from lightning_modules import hub
-from lightning_modules.encoder import SentenceEncoder
+from encoders import hub
+from encoders.sentence import SentenceEncoder
 
 SENTENCES = ["A dog runs in the park.", "Cats sleep.", "The orchestra performed a long symphony last night."]
 

@@ -11,9 +11,10 @@ from safetensors.torch import load_file
 
 import evaluate
 import train
-from lightning_modules.checkpoint import encoder_from_checkpoint
-from lightning_modules.encoder import SentenceEncoder
-from lightning_modules.export import check_exportable, export_sentence_transformers
+from encoders.checkpoint import encoder_from_checkpoint
+from encoders.sentence import SentenceEncoder
+from encoders.st_format import check_exportable
+from harness.export import export_sentence_transformers
 from tests.test_train import objective_config
 
 SENTENCES = [
@@ -43,7 +44,7 @@ def fake_checkpoint(tmp_path: Path, tiny: str, **encoder_args) -> str:
     state["classifier.bias"] = torch.randn(3)
     run = {"seed_everything": 1, "trainer": {"max_steps": 2, "precision": "32-true"},
            "model": {"class_path": "lightning_modules.NLISoftmax",
-                     "init_args": {"encoder": {"class_path": "lightning_modules.SentenceEncoder"}, "lr": 3e-5}},
+                     "init_args": {"encoder": {"class_path": "encoders.SentenceEncoder"}, "lr": 3e-5}},
            "data": {"class_path": "datamodules.NLIDataModule", "init_args": {"train_sources": ["nli/train.tsv"]}}}
     checkpoint = {"state_dict": state, "encoder_config": dict(encoder.config_dict), "global_step": 2,
                   "objective": "lightning_modules.nli_softmax.NLISoftmax", "run_config": yaml.safe_dump(run)}

@@ -8,9 +8,9 @@ import torch
 
 import evaluate
 import train
-from lightning_modules.checkpoint import encoder_from_checkpoint, load_checkpoint
-from lightning_modules.encoder import SentenceEncoder
-from lightning_modules.film import FILMEncoder
+from encoders.checkpoint import encoder_from_checkpoint, load_checkpoint
+from encoders.sentence import SentenceEncoder
+from encoders.film import FILMEncoder
 from tests.conftest import ROOT
 
 SENTENCES = ["A dog runs in the park.", "The weather is cold today.", "Cats sleep.", "zzz qqq"]
@@ -162,6 +162,6 @@ def test_nan_features_name_a_sentence(tmp_path, fixtures_dir, tiny_model_dir, ca
 
 def test_encoder_and_features_must_agree(tmp_path, fixtures_dir, tiny_model_dir, capsys):
     args = film_args("film_tfidf.yaml", tmp_path, fixtures_dir, "--model.init_args.encoder",
-                     "lightning_modules.SentenceEncoder",
+                     "encoders.SentenceEncoder",
                      "--model.init_args.encoder.init_args.model_name", tiny_model_dir)
     assert "model.encoder is only used with features='encoder'" in bad_input_message(args, capsys)

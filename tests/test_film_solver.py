@@ -6,25 +6,19 @@ import pytest
 import scipy.sparse as sp
 import torch
 
+from datamodules.triplets import groups_from_pairs, nli_triplets, triplets_from_groups, triplets_from_scored_pairs
+from encoders.tfidf import tfidf_features
+from harness.pair_knn import knn_match_proba, knn_pair_match, select_k
 from lightning_modules.film_solver import (
     FILM,
     anchor_statistics,
     cayley_dense,
     cayley_smw,
     closed_form_scales,
-    explicit_triplets,
-    groups_from_pairs,
     hinge_objective,
-    knn_match_proba,
-    knn_pair_match,
     objective_gradient,
-    select_k,
     solve_scales,
-    tfidf_features,
     triplet_accuracy,
-    triplets_from_groups,
-    triplets_from_nli,
-    triplets_from_scored_pairs,
 )
 
 DT = torch.float64
@@ -300,9 +294,12 @@ def test_scored_pairs_and_nli_triplets():
     assert {tuple(row) for row in t[t[:, 0] == 0].tolist()} == {(0, 1, 2)}  # its low-scored partner
     rows = t[t[:, 0] == 3]
     assert bool((rows[:, 1] == 4).all()) and not bool(torch.isin(rows[:, 2], torch.tensor([3, 4])).any())
-    nli = triplets_from_nli([0, 0, 0, 5], [1, 2, 3, 6], ["entailment", "contradiction", "neutral", "entailment"])
-    assert nli.tolist() == [[0, 1, 2]]
-    assert explicit_triplets([0], [1], [2], n=3).tolist() == [[0, 1, 2]]
+    # NLI labels: 0 entailment, 1 neutral, 2 contradiction
+    assert nli_triplets([0, 0, 0, 5], [1, 2, 3, 6], [0, 2, 1, 0], every_combination=True) == [(0, 1, 2)]
+    premises, hypotheses, labels = ["p", "p", "p", "p", "q"], ["e1", "e2", "c1", "c2", "e3"], [0, 0, 2, 2, 0]
+    assert nli_triplets(premises, hypotheses, labels) == [("p", "e1", "c1"), ("p", "e2", "c2")]  # each entailment once
+    assert nli_triplets(premises, hypotheses, labels, every_combination=True) == [
+        ("p", "e1", "c1"), ("p", "e1", "c2"), ("p", "e2", "c1"), ("p", "e2", "c2")]
 
 
 # --------------------------------------------------------------------------- pair matching
@@ -357,7 +354,6 @@ def test_no_triplets():
         triplets_from_groups([5, 5, 5])  # a single group: no negatives
     with pytest.raises(ValueError, match="no triplets could be generated from the data"):
         triplets_from_scored_pairs([(0, 1)], [1.0], threshold=3.0, n=4)
-    with pytest.raises(ValueError, match="no triplets could be generated from the data"):
-        triplets_from_nli([0, 0], [1, 2], ["entailment", "neutral"])
+    assert nli_triplets([0, 0], [1, 2], [0, 1]) == []  # no premise with a contradiction: FILM's data path says so
     with pytest.raises(ValueError, match="no triplets could be generated from the data"):
         FILM(dim=2).fit(torch.randn(5, 8, dtype=DT), torch.empty(0, 3, dtype=torch.long))

@@ -27,8 +27,8 @@ from torch.utils.data import DataLoader
 import evaluate
 import train
 from datamodules.batching import SentenceBatchSampler
-from lightning_modules import hub
-from lightning_modules.checkpoint import AtomicCheckpointIO, CheckpointError
+from encoders import hub
+from harness.checkpoint import AtomicCheckpointIO, CheckpointError
 from tests.conftest import ROOT
 from tests.faults import FAULT_ENV
 from tests.test_train import objective_config

@@ -8,8 +8,8 @@ import pytest
 import torch
 from scipy.stats import spearmanr
 
-from lightning_modules.encoder import SentenceEncoder
-from lightning_modules.sts_eval import aggregate_all, evaluate_sts, senteval_text
+from encoders.sentence import SentenceEncoder
+from harness.sts_eval import aggregate_all, evaluate_sts, senteval_text
 from tests.conftest import run_script
 
 
@@ -53,7 +53,7 @@ def test_stsb_against_sentence_transformers_evaluator(fixtures_dir):
     from sentence_transformers import SentenceTransformer
     from sentence_transformers.evaluation import EmbeddingSimilarityEvaluator
 
-    from lightning_modules.hub import resolve_model_name
+    from encoders.hub import resolve_model_name
 
     ours = SentenceEncoder("sentence-transformers/all-MiniLM-L6-v2").eval()
     results = evaluate_sts(lambda s: ours.encode(s), str(fixtures_dir / "sts"), ["stsb"])

@@ -11,17 +11,20 @@ import torch
 import yaml
 
 import train
-from lightning_modules.checkpoint import encoder_from_checkpoint
-from lightning_modules.cli import SentenceCLI
+from encoders.checkpoint import encoder_from_checkpoint
+from harness.cli import SentenceCLI
 from tests.conftest import ROOT, run_script
 
 CONFIGS = sorted(glob.glob(str(ROOT / "configs" / "*.yaml")))
+# an overlay in configs/<name>/ applies on top of configs/<name>.yaml
+CONFIGS += [[str(ROOT / "configs" / f"{Path(o).parent.name}.yaml"), o] for o in sorted(glob.glob(str(ROOT / "configs" / "*" / "*.yaml")))]
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: Path(p).name)
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: str(Path(p if isinstance(p, str) else p[-1]).relative_to(ROOT / "configs")))
 def test_every_shipped_config_parses(config, capsys):
+    files = [config] if isinstance(config, str) else config
     with pytest.raises(SystemExit) as exit_info:
-        SentenceCLI(args=["--config", config, "--print_config"])
+        SentenceCLI(args=[arg for f in files for arg in ("--config", f)] + ["--print_config"])
     assert exit_info.value.code in (None, 0)
     printed = yaml.safe_load(capsys.readouterr().out)
     assert printed["model"]["class_path"].startswith("lightning_modules.")
@@ -43,7 +46,7 @@ def objective_config(tmp_path: Path, tiny: str, fixtures: Path, model: str, data
                     "default_root_dir": str(tmp_path / "runs"), "enable_progress_bar": False,
                     "enable_model_summary": False, "accelerator": "cpu", "devices": 1},
         "model": {"class_path": f"lightning_modules.{model}",
-                  "init_args": {"encoder": {"class_path": "lightning_modules.SentenceEncoder",
+                  "init_args": {"encoder": {"class_path": "encoders.SentenceEncoder",
                                             "init_args": {"model_name": tiny, "max_seq_length": 32,
                                                           **extra.pop("encoder_args", {})}},
                                 "lr": 1e-3, **extra.pop("model_args", {})}},
@@ -54,8 +57,8 @@ def objective_config(tmp_path: Path, tiny: str, fixtures: Path, model: str, data
     return str(path)
 
 
-PAIRS = {"data_args": {"view": "pairs", "in_batch_negatives": True}}
-TRIPLETS = {"data_args": {"view": "triplets", "in_batch_negatives": True}}
+PAIRS = {"data_args": {"view": "pairs"}}
+TRIPLETS = {"data_args": {"view": "triplets"}}
 SIMCSE_ENCODER = {"pooling": "cls", "mlp_head": True, "mlp_only_train": True}
 OBJECTIVES = [
     ("NLISoftmax", "NLIDataModule", {"data_args": {"view": "labelled"}}),

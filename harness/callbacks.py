@@ -2,6 +2,7 @@
 at the first non-finite loss, and the random state that makes a resumed run continue exactly."""
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import random
@@ -23,12 +24,23 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 log = logging.getLogger(__name__)
 
 
-def checkpoint_dir(trainer: L.Trainer) -> str:
-    """The run's checkpoint directory (``<version dir>/checkpoints`` unless ``checkpoint.dirpath`` says otherwise)."""
+def checkpoint_dirs(trainer: L.Trainer, this_run: bool = False) -> list[str]:
+    """Where checkpoints are kept: ModelCheckpoint's ``dirpath`` once Lightning has set it (or when
+    configured); before that, for a resume, every version directory's ``checkpoints`` under the
+    logger's root (each run of a ``default_root_dir`` has its own); else, or for ``this_run``,
+    ``<default_root_dir>/checkpoints``."""
     callback = trainer.checkpoint_callback
     if isinstance(callback, ModelCheckpoint) and callback.dirpath:
-        return callback.dirpath
-    return os.path.join(trainer.default_root_dir, "checkpoints")
+        return [str(callback.dirpath)]
+    logger = trainer.logger
+    if not this_run and logger is not None and getattr(logger, "root_dir", None):
+        return sorted(glob.glob(os.path.join(str(logger.root_dir), "*", "checkpoints")))
+    return [os.path.join(str(trainer.default_root_dir), "checkpoints")]
+
+
+def checkpoint_dir(trainer: L.Trainer) -> str:
+    """This run's checkpoint directory."""
+    return checkpoint_dirs(trainer, this_run=True)[0]
 
 
 def save_last(trainer: L.Trainer) -> str:
@@ -61,6 +73,7 @@ class SaveFinalState(Callback):
         checkpoint = trainer.checkpoint_callback
         if not isinstance(checkpoint, ModelCheckpoint) or not checkpoint.save_last or checkpoint.dirpath is None:
             return
+        # No public hook says at which step ModelCheckpoint last saved; this attribute is where it keeps it.
         if checkpoint._last_global_step_saved == trainer.global_step:
             return
         save_last(trainer)
@@ -190,7 +203,8 @@ class Preemption(_AfterOptimizerSteps):
     @staticmethod
     def _requeue(trainer: L.Trainer) -> str | None:
         """``scontrol requeue`` the job from rank 0 when running under SLURM with auto-requeue."""
-        # single-device strategies do not expose the cluster environment; Lightning keeps it here
+        # Single-device strategies do not expose the cluster environment and no public hook does;
+        # Lightning keeps it on the trainer's accelerator connector.
         environment = getattr(trainer.strategy, "cluster_environment", None) or getattr(
             getattr(trainer, "_accelerator_connector", None), "cluster_environment", None)
         if not isinstance(environment, SLURMEnvironment) or not environment.auto_requeue or not trainer.is_global_zero:

@@ -2,17 +2,18 @@
 from __future__ import annotations
 
 import contextlib
-import json
-from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Sequence, get_args
 
 import torch
 from torch import Tensor, nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 
+from datamodules.batching import pad_token_ids
+
 from .hub import ModelResolutionError, resolve_model_name
 
 Pooling = Literal["mean", "max", "cls", "cls_before_pooler"]
+POOLINGS: tuple[str, ...] = get_args(Pooling)  # the one list of pooling names
 
 
 class SentenceEncoder(nn.Module):
@@ -55,8 +56,8 @@ class SentenceEncoder(nn.Module):
         trust_remote_code: bool = False,
     ) -> None:
         super().__init__()
-        if pooling not in ("mean", "max", "cls", "cls_before_pooler"):
-            raise ValueError(f"pooling must be one of mean, max, cls, cls_before_pooler, got {pooling!r}")
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
         if mlp_head and pooling != "cls":
             raise ValueError(f"mlp_head applies on top of cls pooling, but pooling is {pooling!r}")
         if max_seq_length < 2:
@@ -112,6 +113,10 @@ class SentenceEncoder(nn.Module):
         limits = [self.tokenizer.model_max_length, getattr(self.transformer.config, "max_position_embeddings", None)]
         limits = [x for x in limits if isinstance(x, int) and 0 < x < 1_000_000]
         return min(limits) if limits else 512
+
+    def tokenization(self) -> dict[str, Any]:
+        """What a DataModule needs to tokenize for this encoder (``SentenceDataModule.use_tokenizer``)."""
+        return {"tokenizer": self.tokenizer, "max_length": self.max_seq_length, "eval_max_length": self.eval_max_length}
 
     def tokenize(self, sentences: Sequence[str], train: bool = True) -> dict[str, Tensor]:
         """Padded tensors for a list of sentences, truncated as training or evaluation requires."""
@@ -173,7 +178,8 @@ class SentenceEncoder(nn.Module):
                     by_length = sorted(range(len(part)), key=lambda i: -len(ids[i]))
                     for start in range(0, len(by_length), batch_size):
                         rows = [ids[i] for i in by_length[start:start + batch_size]]
-                        chunks.append(self(_pad(rows, pad_id, device)).float())
+                        features = {k: v.to(device) for k, v in pad_token_ids(rows, pad_id).items()}
+                        chunks.append(self(features).float())
                     order.extend(offset + i for i in by_length)
         finally:
             self.train(was_training)
@@ -191,36 +197,3 @@ class SentenceEncoder(nn.Module):
         A checkpoint never turns on ``trust_remote_code``: a file from elsewhere must not run code.
         """
         return cls(**{**config, "trust_remote_code": False}, pretrained=False)
-
-
-def _pad(rows: list[list[int]], pad_id: int, device: torch.device) -> dict[str, Tensor]:
-    """Right-padded input_ids and attention_mask (B, L) from token id lists, as training's collate pads."""
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # (B, L)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-        mask[i, : len(r)] = 1
-    return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
-
-
-def pooling_of_sentence_transformers_dir(path: str) -> Pooling | None:
-    """Read the pooling mode of a sentence-transformers directory (modules.json + Pooling config)."""
-    modules = Path(path) / "modules.json"
-    if not modules.is_file():
-        return None
-    for module in json.loads(modules.read_text()):
-        if module.get("type", "").endswith("Pooling"):
-            cfg = json.loads((Path(path) / module["path"] / "config.json").read_text())
-            if cfg.get("pooling_mode_mean_tokens"):
-                return "mean"
-            if cfg.get("pooling_mode_max_tokens"):
-                return "max"
-            if cfg.get("pooling_mode_cls_token"):
-                return "cls_before_pooler"
-            mode = cfg.get("pooling_mode")
-            if mode in ("mean", "max"):
-                return mode
-            if mode == "cls":
-                return "cls_before_pooler"
-    return None

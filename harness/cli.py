@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import functools
-import glob
 import os
 import sys
 import tempfile
@@ -19,12 +18,12 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from datamodules import SentenceDataModule
 from datamodules.io import DataError
+from encoders.hub import ModelResolutionError
+from lightning_modules.base import SentenceEmbeddingModule
 
-from .base import SentenceEmbeddingModule
-from .callbacks import NonFiniteLossError, PeriodicCheckpoint, Preemption, RandomState, SaveFinalState, \
-    StopOnNonFiniteLoss
+from .callbacks import (NonFiniteLossError, PeriodicCheckpoint, Preemption, RandomState, SaveFinalState,
+                        StopOnNonFiniteLoss, checkpoint_dirs)
 from .checkpoint import AtomicCheckpointIO, CheckpointError, CheckpointWriteError, load_checkpoint, newest_checkpoint
-from .hub import ModelResolutionError
 
 # Every DataModule of the CLI is a SentenceDataModule, which restores its place in the epoch
 # itself (its state_dict); Lightning only knows stateful DataLoaders and would warn on every resume.
@@ -96,8 +95,15 @@ class SentenceCLI(LightningCLI):
             "trainer.use_distributed_sampler": False,
         })
 
+    def instantiate_classes(self) -> None:
+        super().instantiate_classes()
+        # The data tokenizes for the model: its tokenizer and lengths come from the encoder, set once.
+        tokenization = getattr(self.model.encoder, "tokenization", None)
+        if tokenization is not None and hasattr(self.datamodule, "use_tokenizer"):
+            self.datamodule.use_tokenizer(**tokenization())
+
     def instantiate_trainer(self, **kwargs):
-        config = self._get(self.config_init, "trainer", default={})
+        config = self.config_init.get("trainer") or {}  # run=False: no subcommand level in the config
         plugins = config.get("plugins")
         plugins = [] if plugins is None else list(plugins) if isinstance(plugins, (list, tuple)) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
@@ -106,7 +112,7 @@ class SentenceCLI(LightningCLI):
         if isinstance(strategy, str) and strategy in StrategyRegistry:
             entry = StrategyRegistry[strategy]
             if issubclass(entry["strategy"], DDPStrategy):
-                timeout = timedelta(minutes=self._get(self.config_init, "ddp_timeout_minutes"))
+                timeout = timedelta(minutes=self.config_init.get("ddp_timeout_minutes"))
                 kwargs["strategy"] = entry["strategy"](**entry["init_params"], timeout=timeout)
         return super().instantiate_trainer(**kwargs)
 
@@ -134,17 +140,6 @@ def check_output_dirs(trainer) -> None:
         except OSError as err:
             raise OutputDirectoryError(f"{path}: the run's output directory is not writable: {err.strerror or err}") \
                 from None
-
-
-def checkpoint_dirs(trainer) -> list[str]:
-    """Where the runs of this ``default_root_dir`` keep checkpoints (each run has its own version dir)."""
-    callback = trainer.checkpoint_callback
-    if isinstance(callback, ModelCheckpoint) and callback.dirpath:
-        return [str(callback.dirpath)]
-    logger = trainer.logger
-    if logger is not None and getattr(logger, "root_dir", None):
-        return sorted(glob.glob(os.path.join(str(logger.root_dir), "*", "checkpoints")))
-    return [os.path.join(str(trainer.default_root_dir), "checkpoints")]
 
 
 def resolve_resume(ckpt_path: str | None, trainer, model) -> str | None:

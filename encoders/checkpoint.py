@@ -1,0 +1,70 @@
+"""Reading a checkpoint safely (``weights_only``: no arbitrary pickles) and rebuilding its trained encoder."""
+from __future__ import annotations
+
+import os
+import pickle
+import zipfile
+
+import torch
+from torch import nn
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing, truncated, not a checkpoint, or not one of this project."""
+
+
+def load_checkpoint(path: str, mmap: bool = False) -> dict:
+    """``torch.load(weights_only=True)`` with errors that name the file.
+
+    ``mmap=True`` maps the tensors instead of reading them: a cheap check that a file is a whole
+    checkpoint, and a look at its metadata.
+    """
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path}: checkpoint file not found")
+    unreadable = f"{path}: not a readable checkpoint (truncated or another format)"
+    if not zipfile.is_zipfile(path):  # its directory is at the end: a cut-off file has none
+        raise CheckpointError(f"{unreadable}: not a whole zip archive, as torch.save writes")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
+    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError) as err:
+        raise CheckpointError(f"{unreadable}: {_reason(err)}") from None
+
+
+def _reason(err: BaseException) -> str:
+    """One line out of torch's several-paragraph messages (which suggest weights_only=False)."""
+    text = str(err)
+    if "Unsupported global" in text:
+        name = text.split("Unsupported global: ", 1)[1].split()[1]
+        return f"it holds a pickled {name}, and pickled objects are never loaded (they could run code)"
+    return text.strip().splitlines()[0].split(". ")[0] if text.strip() else type(err).__name__
+
+
+def encoder_classes() -> dict[str, type[nn.Module]]:
+    """The encoders a checkpoint may name (``encoder_class``): never an arbitrary import path from a file."""
+    from .film import FILMEncoder  # scikit-learn and scipy: only when asked
+    from .sentence import SentenceEncoder
+
+    return {"SentenceEncoder": SentenceEncoder, "FILMEncoder": FILMEncoder}
+
+
+def encoder_from_checkpoint(path: str) -> tuple[nn.Module, dict]:
+    """Rebuild the trained encoder from the class, configuration and weights stored in a checkpoint
+    (a ``FILMEncoder`` for FILM runs: same ``encode`` interface)."""
+    checkpoint = load_checkpoint(path)
+    if "encoder_config" not in checkpoint or "state_dict" not in checkpoint:
+        raise CheckpointError(f"{path}: not a checkpoint of this project (no encoder_config/state_dict)")
+    config = checkpoint["encoder_config"]
+    # Checkpoints written before encoder_class was stored mark FILM's encoder in its config.
+    name = checkpoint.get("encoder_class") or ("FILMEncoder" if config.get("type") == "film" else "SentenceEncoder")
+    if name not in encoder_classes():
+        raise CheckpointError(f"{path}: encoder class {name!r} is not one of this project's {sorted(encoder_classes())}")
+    encoder = encoder_classes()[name].from_checkpoint_config(config)
+    prefix = "encoder."
+    state = {k[len(prefix):]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
+    missing, unexpected = encoder.load_state_dict(state, strict=False)
+    # Position-id buffers are rebuilt by the model; anything else missing is an error.
+    missing = [k for k in missing if not k.endswith("position_ids")]
+    if missing or unexpected:
+        raise CheckpointError(f"{path}: encoder weights do not match its config (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    encoder.eval()
+    return encoder, checkpoint

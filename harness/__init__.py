@@ -1,0 +1,1 @@
+"""Running: the command line, callbacks every run gets, checkpoint writing, the STS harness, export."""

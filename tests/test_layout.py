@@ -1,0 +1,109 @@
+"""The layout's rules: imports only go down the layers, and data and objective meet through a checked contract."""
+from __future__ import annotations
+
+import ast
+import glob
+from pathlib import Path
+
+import pytest
+
+import train
+from datamodules import FILMDataModule, NLIDataModule, STSDataModule, WikiDataModule
+from encoders.sentence import SentenceEncoder
+from lightning_modules import DCLR, MNR, FILMObjective, NLISoftmax, SimCSE, STSRegression, Triplet
+from tests.conftest import ROOT
+from tests.test_train import objective_config
+
+# Lowest first: a package may import its own layer and those below it, never one above.
+LAYERS = ["datamodules", "encoders", "lightning_modules", "harness", "scripts"]
+SCRIPTS = {"train", "evaluate", "benchmarks", "notebooks", "tests"}
+
+
+def layer_of(module: str) -> str | None:
+    top = module.split(".")[0]
+    if top in SCRIPTS:
+        return "scripts"
+    return top if top in LAYERS else None
+
+
+def upward_imports(root: Path) -> list[str]:
+    """``file: imports X`` for every import in a library package that reaches a higher layer."""
+    found = []
+    for package in LAYERS[:-1]:
+        for path in sorted((root / package).rglob("*.py")):
+            here = LAYERS.index(package)
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                for name in names:
+                    layer = layer_of(name)
+                    if layer is not None and LAYERS.index(layer) > here:
+                        found.append(f"{path.relative_to(root)}:{node.lineno}: imports {name}")
+    return found
+
+
+def test_no_import_goes_upward():
+    assert upward_imports(ROOT) == []
+
+
+def test_the_import_check_catches_an_upward_import(tmp_path):
+    for package in LAYERS[:-1]:
+        (tmp_path / package).mkdir()
+    (tmp_path / "datamodules" / "bad.py").write_text("from lightning_modules.mnr import MNR\n")
+    (tmp_path / "encoders" / "bad.py").write_text("import harness.cli\n")
+    (tmp_path / "harness" / "bad.py").write_text("def f():\n    import train\n")
+    assert upward_imports(tmp_path) == [
+        "datamodules/bad.py:1: imports lightning_modules.mnr",
+        "encoders/bad.py:1: imports harness.cli",
+        "harness/bad.py:2: imports train",
+    ]
+
+
+@pytest.mark.parametrize("objective, datamodule, ok", [
+    (NLISoftmax, NLIDataModule(["x"], view="labelled"), True),
+    (NLISoftmax, NLIDataModule(["x"], view="pairs"), False),
+    (STSRegression, STSDataModule("x"), True),
+    (Triplet, NLIDataModule(["x"], view="pairs"), False),
+    (MNR, NLIDataModule(["x"], view="pairs"), True),
+    (MNR, NLIDataModule(["x"], view="triplets"), True),
+    (MNR, STSDataModule("x"), False),
+    (SimCSE, WikiDataModule("x"), True),
+    (SimCSE, NLIDataModule(["x"], view="triplets"), True),
+    (SimCSE, NLIDataModule(["x"], view="pairs"), False),
+    (DCLR, WikiDataModule("x"), True),
+    (DCLR, NLIDataModule(["x"], view="triplets"), False),
+    (FILMObjective, FILMDataModule(["x"]), True),
+    (FILMObjective, WikiDataModule("x"), False),
+    (MNR, FILMDataModule(["x"]), False),
+])
+def test_contract_between_objective_and_data(objective, datamodule, ok):
+    if ok:
+        datamodule.check_objective(objective)
+        assert datamodule.unique_sentences == objective.needs_unique_sentences
+    else:
+        with pytest.raises(ValueError, match=rf"{objective.__name__} trains on batch keys .* but {type(datamodule).__name__} gives"):
+            datamodule.check_objective(objective)
+
+
+def test_mismatched_config_fails_before_any_work(tmp_path, tiny_model_dir, fixtures_dir, capsys):
+    config = objective_config(tmp_path, tiny_model_dir, fixtures_dir, "MNR", "NLIDataModule",
+                              data_args={"view": "labelled"})
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--config", config])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "error: MNR trains on batch keys anchor, positive, but NLIDataModule gives sentence1, sentence2, label" in err
+    assert not glob.glob(str(tmp_path / "runs" / "**" / "*.ckpt"), recursive=True)
+
+
+def test_tokenizer_reaches_the_data_through_the_cli(tmp_path, tiny_model_dir, fixtures_dir):
+    config = objective_config(tmp_path, tiny_model_dir, fixtures_dir, "MNR", "NLIDataModule",
+                              data_args={"view": "pairs"}, encoder_args={"max_seq_length": 12})
+    cli = train.SentenceCLI(args=["--config", config])
+    encoder: SentenceEncoder = cli.model.encoder
+    assert cli.datamodule.tokenizer is encoder.tokenizer
+    assert (cli.datamodule.max_length, cli.datamodule.eval_max_length) == (12, encoder.eval_max_length)
