@@ -12,21 +12,31 @@ import torch
 from torch.utils.data import DataLoader
 
 from .batching import PadCollator, SentenceBatchSampler
-from .io import DataError, check_text_columns, load_source, parse_scores, require_columns, token_counts
+from .io import (DataError, check_text_columns, fetch_hub_file, is_hub_file, is_local, load_source, parse_hub_file,
+                 parse_scores, quiet_progress, require_columns, token_counts)
 
 log = logging.getLogger(__name__)
 
 
-# Hub datasets that name the STS columns differently (the hub's ``sick``).
+# Hub datasets that name the STS columns differently (SICK's own names, as in the hub's RobZamp/sick).
 STS_COLUMN_ALIASES = {"sentence_A": "sentence1", "sentence_B": "sentence2", "relatedness_score": "score"}
 
 
 def score_range_of(source: str) -> tuple[float, float]:
-    """Documented gold-score ranges: SICK-R 1-5, the hub's normalised STS-B 0-1, other STS 0-5."""
-    name = os.path.basename(source).lower()
+    """Documented gold-score ranges: SICK-R 1-5, the hub's normalised STS-B 0-1, other STS 0-5.
+
+    A local file is known by its name (``sickr.dev.tsv``), a hub source by its repository and path.
+    """
+    if is_local(source):
+        repo, name = None, os.path.basename(source).lower()
+    elif is_hub_file(source):
+        repo, _, path = parse_hub_file(source)
+        repo, name = repo.lower(), f"{repo}/{path}".lower()
+    else:
+        repo = name = source.split(":")[0].lower()
     if "sick" in name:
         return (1.0, 5.0)
-    if source.startswith("sentence-transformers/stsb"):
+    if repo == "sentence-transformers/stsb":
         return (0.0, 1.0)
     return (0.0, 5.0)
 
@@ -164,7 +174,22 @@ class SentenceDataModule(L.LightningDataModule):
                 f"{c}_ids": tokenizer(batch[c], truncation=True, max_length=max_length)["input_ids"] for c in columns
             }
 
-        return ds.map(encode, batched=True, batch_size=2000, new_fingerprint=fingerprint, desc="tokenizing")
+        with quiet_progress():
+            return ds.map(encode, batched=True, batch_size=2000, new_fingerprint=fingerprint, desc="tokenizing")
+
+    def sources(self) -> list[str]:
+        """Every source this module reads: its training source(s) (``train_source`` or ``train_sources``)
+        and its validation sets."""
+        train = getattr(self, "train_sources", None) or [getattr(self, "train_source", None)]
+        return [s for s in [*train, *self.validation_sources().values()] if s]
+
+    def prepare_data(self) -> None:
+        """Download the ``hf://datasets/...`` files among the sources into the Hugging Face cache, once
+        per machine (Lightning calls this on local rank 0 only); ``setup`` then reads them from the cache.
+        Hub splits (``name:split``) are left to ``datasets`` in ``setup``, which caches them itself."""
+        for source in dict.fromkeys(self.sources()):
+            if is_hub_file(source):
+                fetch_hub_file(source)
 
     def setup(self, stage: str | None = None) -> None:
         if self.trainer is not None and self.trainer.lightning_module is not None:

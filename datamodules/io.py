@@ -1,9 +1,19 @@
 """Reading sentence data through the ``datasets`` library, with errors that name file and line.
 
-A *source* is either a local file (``.tsv``, ``.csv``, ``.jsonl``/``.json``, ``.txt``) or a hub
-dataset written ``name[:config]:split`` (``snli:train``, ``multi_nli:validation_matched``,
-``sentence-transformers/stsb:train``). Local files go through ``load_dataset("csv" | "json" |
-"text")``, so both paths end in the same memory-mapped, cached Arrow table.
+A *source* is one of:
+
+- a local file (``.tsv``, ``.csv``, ``.jsonl``/``.json``, ``.txt``, ``.parquet``);
+- one file of a hub dataset repository, ``hf://datasets/<owner>/<name>[@<revision>]/<path>``
+  (SimCSE's ``hf://datasets/princeton-nlp/datasets-for-simcse/wiki1m_for_simcse.txt``): downloaded
+  once into the Hugging Face cache (``fetch_hub_file``, from a DataModule's ``prepare_data``), then
+  read as the local file it has become;
+- a hub dataset written ``name[:config]:split`` (``snli:train``, ``multi_nli:validation_matched``,
+  ``sentence-transformers/stsb:train``), which ``datasets`` must load without a loading script
+  (``datasets>=4`` refuses those).
+
+Local files go through ``load_dataset("csv" | "json" | "text" | "parquet")``, so every path ends in
+the same memory-mapped, cached Arrow table. A hub that cannot be reached is one ``DataError`` naming
+the source and the offline way out, found before ``huggingface_hub``'s retries (half a minute or more).
 
 TSV/CSV are read with no quoting at all (the STS files contain bare ``"``), every column as a
 string, blank lines kept so that row ``i`` is always line ``i + 2`` of the file and errors can
@@ -11,40 +21,180 @@ name it. A UTF-8 BOM and Windows line ends are accepted.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
+import functools
 import logging
 import math
 import os
-from typing import Sequence
+import socket
+from typing import Callable, Sequence, TypeVar
+from urllib.parse import unquote, urlparse
 
 import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from huggingface_hub import constants as hub_constants
+from huggingface_hub import hf_hub_download
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
-LOCAL_SUFFIXES = {".tsv": "csv", ".csv": "csv", ".jsonl": "json", ".json": "json", ".txt": "text"}
+LOCAL_SUFFIXES = {".tsv": "csv", ".csv": "csv", ".jsonl": "json", ".json": "json", ".txt": "text",
+                  ".parquet": "parquet"}
+HUB_FILE_PREFIX = "hf://datasets/"
 
 
 class DataError(ValueError):
     """Bad input data; the message names the file and line, or the column."""
 
 
+@contextlib.contextmanager
+def quiet_progress():
+    """No ``datasets`` progress bars inside: reading a local file ("Generating train split") or our
+    own ``map``/``filter`` takes a second and would print a bar per file; hub downloads keep theirs."""
+    was_disabled = datasets.utils.are_progress_bars_disabled()
+    datasets.utils.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if not was_disabled:
+            datasets.utils.enable_progress_bars()
+
+
+def is_hub_file(source: str) -> bool:
+    return source.startswith(HUB_FILE_PREFIX)
+
+
 def is_local(source: str) -> bool:
-    return os.path.exists(source) or os.path.splitext(source)[1].lower() in LOCAL_SUFFIXES
+    return not is_hub_file(source) and (os.path.exists(source) or _kind(source) is not None)
+
+
+def _kind(path: str) -> str | None:
+    return LOCAL_SUFFIXES.get(os.path.splitext(path)[1].lower())
 
 
 def _first_line_of(path: str) -> int:
     """Line number of row 0: 2 for files with a header line, 1 for JSON lines and text."""
-    return 2 if LOCAL_SUFFIXES.get(os.path.splitext(path)[1].lower()) == "csv" else 1
+    return 2 if _kind(path) == "csv" else 1
 
 
 def describe_row(source: str, row: int) -> str:
-    """``file:line`` for a local file, ``source row N`` for a hub dataset."""
-    if is_local(source):
+    """``file:line`` for a (local or hub) text file, ``source row N`` for a hub dataset or parquet."""
+    if (is_local(source) or is_hub_file(source)) and _kind(source) not in (None, "parquet"):
         return f"{source}:{row + _first_line_of(source)}"
     return f"{source} row {row}"
+
+
+# -- the hub: one file of a repository, or a split through `datasets` ---------------------------------
+def parse_hub_file(source: str) -> tuple[str, str | None, str]:
+    """``hf://datasets/<owner>/<name>[@<revision>]/<path>`` as ``(repo_id, revision, path)``.
+
+    A revision is a branch, tag or commit; ``refs/convert/parquet`` and ``refs/pr/N`` may be written
+    as they are or URL-encoded (``refs%2Fconvert%2Fparquet``), as ``huggingface_hub``'s ``hf://`` paths allow.
+    """
+    parts = source[len(HUB_FILE_PREFIX):].split("/")
+    if len(parts) < 3 or not all(parts[:2]) or not parts[-1]:
+        raise DataError(f"{source}: a hub file is written hf://datasets/<owner>/<name>[@<revision>]/<path>")
+    owner, name, rest = parts[0], parts[1], parts[2:]
+    revision = None
+    if "@" in name:
+        name, revision = name.split("@", 1)
+        if revision == "refs" and rest[:1] in (["convert"], ["pr"]) and len(rest) > 2:
+            revision, rest = "/".join([revision, *rest[:2]]), rest[2:]  # refs/convert/parquet, refs/pr/3
+        revision = unquote(revision)
+    if not rest or not name or revision == "":
+        raise DataError(f"{source}: a hub file is written hf://datasets/<owner>/<name>[@<revision>]/<path>")
+    return f"{owner}/{name}", revision, "/".join(rest)
+
+
+def _hub_offline() -> bool:
+    """HF_HUB_OFFLINE as huggingface_hub read it at import, or as the environment says now."""
+    now = os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
+    return now or bool(hub_constants.HF_HUB_OFFLINE)
+
+
+@functools.lru_cache(maxsize=None)
+def _hub_unreachable_reason(endpoint: str) -> str | None:
+    """Why the hub's host cannot be reached (None when it can): one connection attempt of a few
+    seconds, where huggingface_hub would retry with back-off for half a minute or more first."""
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None  # a proxy decides what is reachable: leave it to huggingface_hub
+    url = urlparse(endpoint)
+    host, port = url.hostname, url.port or (80 if url.scheme == "http" else 443)
+    if not host:
+        return None
+    try:
+        socket.create_connection((host, port), timeout=10).close()
+    except OSError as err:
+        return f"{host}: {err.strerror or err}"
+    return None
+
+
+def _unreachable(err: BaseException) -> bool:
+    """Errors by which datasets/huggingface_hub say the hub (or, offline, the cache) has no answer."""
+    from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
+
+    kinds: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, OfflineModeIsEnabled,
+                                               LocalEntryNotFoundError)
+    try:
+        import httpx
+        kinds += (httpx.TransportError,)
+    except ImportError:
+        pass
+    try:
+        import requests
+        kinds += (requests.exceptions.ConnectionError, requests.exceptions.Timeout)
+    except ImportError:
+        pass
+    seen = 0
+    while err is not None and seen < 10:
+        if isinstance(err, kinds):
+            return True
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return False
+
+
+def _from_hub(source: str, call: Callable[[], T]) -> T:
+    """Run one hub call (a download, a ``load_dataset``) with errors a user can act on: one line that
+    names the source and how to work offline, instead of a retry loop and a traceback."""
+    offline = _hub_offline()
+    way_out = ("to work offline, set HF_HUB_OFFLINE=1 and give a local file in its place "
+               "(a copy already in the Hugging Face cache is then used as it is)")
+    if not offline:
+        reason = _hub_unreachable_reason(hub_constants.ENDPOINT)
+        if reason is not None:
+            raise DataError(f"{source}: the Hugging Face hub cannot be reached ({reason}); {way_out}")
+    try:
+        return call()
+    except Exception as err:
+        if _unreachable(err) and offline:
+            raise DataError(f"{source}: not in the Hugging Face cache, and HF_HUB_OFFLINE=1 forbids downloading it; "
+                            "give a local file in its place, or download it once without HF_HUB_OFFLINE") from None
+        if _unreachable(err):
+            raise DataError(f"{source}: the Hugging Face hub cannot be reached ({type(err).__name__}); "
+                            f"{way_out}") from None
+        if "scripts are no longer supported" in str(err):
+            raise DataError(f"{source}: a dataset with a loading script, which datasets 4 and later no longer run; "
+                            "use a parquet copy of it on the hub (hf://datasets/...) or a local file") from None
+        if type(err).__name__ in ("DatasetNotFoundError", "RepositoryNotFoundError", "RemoteEntryNotFoundError",
+                                  "EntryNotFoundError", "RevisionNotFoundError"):
+            raise DataError(f"{source}: not found on the Hugging Face hub ({str(err).splitlines()[0]})") from None
+        raise
+
+
+def fetch_hub_file(source: str) -> str:
+    """The local path of a ``hf://datasets/...`` file: from the Hugging Face cache when it is there
+    (no network), else downloaded into it once."""
+    repo_id, revision, filename = parse_hub_file(source)
+    kwargs = dict(repo_id=repo_id, filename=filename, repo_type="dataset", revision=revision)
+    try:
+        return hf_hub_download(**kwargs, local_files_only=True)
+    except Exception as err:
+        if not _unreachable(err):  # LocalEntryNotFoundError: not cached yet
+            raise
+    return _from_hub(source, lambda: hf_hub_download(**kwargs))
 
 
 def _read_header(path: str, delimiter: str) -> list[str]:
@@ -69,38 +219,53 @@ def _check_field_counts(path: str, delimiter: str, expected: int) -> None:
 
 def load_source(source: str, text_column: str = "text") -> datasets.Dataset:
     """Load one source as a ``datasets.Dataset`` (no validation beyond the file's own syntax)."""
+    if is_hub_file(source):
+        if _kind(source) is None:
+            raise DataError(f"{source}: unknown file type; use one of {', '.join(sorted(LOCAL_SUFFIXES))}")
+        return _load_file(fetch_hub_file(source), source, text_column)
     if is_local(source):
         if not os.path.isfile(source):
             raise DataError(f"{source}: data file not found")
-        if os.path.getsize(source) == 0:
-            raise DataError(f"{source}: the data file is empty")
-        kind = LOCAL_SUFFIXES.get(os.path.splitext(source)[1].lower())
-        if kind is None:
-            raise DataError(f"{source}: unknown file type; use one of {', '.join(sorted(LOCAL_SUFFIXES))}")
-        try:
-            if kind == "csv":
-                delimiter = "," if source.lower().endswith(".csv") else "\t"
-                header = _read_header(source, delimiter)
-                _check_field_counts(source, delimiter, len(header))
-                features = datasets.Features({name: datasets.Value("string") for name in header})
-                return datasets.load_dataset(
-                    "csv", data_files=source, split="train", delimiter=delimiter, quoting=csv.QUOTE_NONE,
-                    keep_default_na=False, na_filter=False, skip_blank_lines=False, features=features,
-                    encoding="utf-8-sig",
-                )
-            if kind == "text":
-                ds = datasets.load_dataset("text", data_files=source, split="train", encoding="utf-8-sig")
-                return ds.rename_column("text", text_column) if text_column != "text" else ds
-            return datasets.load_dataset("json", data_files=source, split="train")
-        except DataError:
-            raise
-        except Exception as err:  # pandas/pyarrow parser errors name the line but not the file
-            raise DataError(f"{source}: cannot parse: {_first_line_of_message(err)}") from err
+        return _load_file(source, source, text_column)
     parts = source.split(":")
     if len(parts) not in (2, 3):
-        raise DataError(f"{source!r}: not a local file and not a hub dataset written name[:config]:split")
+        raise DataError(f"{source!r}: not a local file, not hf://datasets/<repo>/<file> and not a hub dataset "
+                        "written name[:config]:split")
     name, config, split = (parts[0], None, parts[1]) if len(parts) == 2 else parts
-    return datasets.load_dataset(name, config, split=split)
+    return _from_hub(source, lambda: datasets.load_dataset(name, config, split=split))
+
+
+def _load_file(path: str, source: str, text_column: str) -> datasets.Dataset:
+    """Read the file at ``path``; errors name ``source`` (the path, or the hub address it came from)."""
+    if os.path.getsize(path) == 0:
+        raise DataError(f"{source}: the data file is empty")
+    kind = _kind(path)
+    if kind is None:
+        raise DataError(f"{source}: unknown file type; use one of {', '.join(sorted(LOCAL_SUFFIXES))}")
+    with quiet_progress():
+        return _read_file(path, source, text_column, kind)
+
+
+def _read_file(path: str, source: str, text_column: str, kind: str) -> datasets.Dataset:
+    try:
+        if kind == "csv":
+            delimiter = "," if path.lower().endswith(".csv") else "\t"
+            header = _read_header(path, delimiter)
+            _check_field_counts(path, delimiter, len(header))
+            features = datasets.Features({name: datasets.Value("string") for name in header})
+            return datasets.load_dataset(
+                "csv", data_files=path, split="train", delimiter=delimiter, quoting=csv.QUOTE_NONE,
+                keep_default_na=False, na_filter=False, skip_blank_lines=False, features=features,
+                encoding="utf-8-sig",
+            )
+        if kind == "text":
+            ds = datasets.load_dataset("text", data_files=path, split="train", encoding="utf-8-sig")
+            return ds.rename_column("text", text_column) if text_column != "text" else ds
+        return datasets.load_dataset(kind, data_files=path, split="train")
+    except DataError:
+        raise
+    except Exception as err:  # pandas/pyarrow parser errors name the line but not the file
+        raise DataError(f"{source}: cannot parse: {_first_line_of_message(err)}") from err
 
 
 def _first_line_of_message(err: BaseException) -> str:

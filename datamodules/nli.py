@@ -7,7 +7,8 @@ from typing import Literal
 import datasets
 
 from .base import SentenceDataModule
-from .io import DataError, check_text_columns, describe_row, drop_rows, load_source, require_columns, sentence_ids
+from .io import (DataError, check_text_columns, describe_row, drop_rows, load_source, quiet_progress, require_columns,
+                 sentence_ids)
 from .triplets import nli_triplets
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,8 @@ class NLIDataModule(SentenceDataModule):
         if self.view == "labelled":
             return ds.rename_columns({"premise": "sentence1", "hypothesis": "sentence2"})
         if self.view == "pairs":
-            ds = ds.filter(lambda y: [v == 0 for v in y], input_columns="label", batched=True)
+            with quiet_progress():
+                ds = ds.filter(lambda y: [v == 0 for v in y], input_columns="label", batched=True)
             return ds.rename_columns({"premise": "anchor", "hypothesis": "positive"}).select_columns(["anchor", "positive"])
         rows = nli_triplets(ds["premise"], ds["hypothesis"], ds["label"])
         triplets = datasets.Dataset.from_dict({c: [r[i] for r in rows] for i, c in enumerate(self.text_columns)})
