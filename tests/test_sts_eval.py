@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -82,6 +83,22 @@ def test_evaluate_cli_writes_json_and_never_overwrites(tmp_path, tiny_model_dir,
     again = run_script(*args)
     assert again.returncode == 2 and "already exists" in again.stderr
     assert json.loads(out.read_text()) == data
+
+
+@pytest.mark.parametrize("tasks, expected", [("stsb", ["stsb"]), ("stsb,sickr", ["stsb", "sickr"]),
+                                             ("[stsb,sickr]", ["stsb", "sickr"])])
+def test_evaluate_cli_task_forms_json_path_and_no_progress_bars(tmp_path, tiny_model_dir, fixtures_dir, tasks, expected):
+    sts_dir = tmp_path / "sts"  # files datasets has not cached yet: a load would build (and show) a new split
+    shutil.copytree(fixtures_dir / "sts", sts_dir)
+    out = tmp_path / "r.json"
+    result = run_script("evaluate.py", "--model", tiny_model_dir, "--sts_dir", str(sts_dir), "--tasks", tasks,
+                        "--output", str(out))
+    assert result.returncode == 0, result.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert [t for t in ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr") if t in data] == expected
+    assert f"results written to {out}" in result.stdout
+    output = result.stdout + result.stderr
+    assert "Generating" not in output and "tokenizing" not in output, output[-2000:]
 
 
 def test_evaluate_cli_bad_checkpoint(tmp_path, fixtures_dir):
