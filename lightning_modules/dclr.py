@@ -9,8 +9,8 @@ from torch import Tensor, nn
 from .base import SentenceEmbeddingModule
 from .distributed import gather_with_grad, rank_and_world
 from encoders.sentence import Pooling, SentenceEncoder
-from .losses import (alignment, anchor_cosines, cosine_similarity_matrix, dclr_loss, dclr_noise_ascent, dclr_weights,
-                     uniformity)
+from .losses import (alignment, anchor_cosines, cosine_similarity_matrix, dclr_loss, dclr_noise_ascent,
+                     dclr_official_loss, dclr_weights, quantile_threshold, uniformity)
 
 
 def load_complementary(model: str, pooling: Pooling) -> SentenceEncoder:
@@ -52,16 +52,24 @@ class DCLR(SentenceEmbeddingModule):
       - ``weight_noise=False``: noise negatives are never weighted;
       - ``masked="zero_logit"``: a masked negative's logit is set to 0 instead of being removed;
       - ``threshold_rule="official"``: strict ``cos/tau > phi/tau`` (the code's ``phi * 20``, which is
-        only right at tau 0.05; the threshold is derived from ``temperature`` here).
-    ``configs/dclr.yaml --config configs/dclr/official.yaml`` turns all five on.
+        only right at tau 0.05; the threshold is derived from ``temperature`` here);
+      - ``loss="official"``: softmax of the weighted logits and a binary cross-entropy averaged over
+        all B x (B + k) entries (``losses.dclr_official_loss``), instead of the row cross-entropy;
+      - ``complementary_mode="official"``: the complementary model runs in train mode (dropout on)
+        and represents a sentence by the backbone's pretrained pooler output where it has one.
+    ``configs/dclr.yaml --config configs/dclr/official.yaml`` turns all seven on.
 
-    Noise movement, measured (see losses.dclr_noise_ascent and the ``train/noise_*`` curves): with
-    sigma 1 in 384 dimensions, 4 steps of 1e-3 move each vector by 0.004 against a norm of ~19.6 and
-    raise the mean anchor-noise cosine by 0.0002: the paper's ascent barely changes the noise.
+    With the paper's settings neither mechanism need act (docs/RESULTS.md measures it): the ascent
+    moves a noise vector of norm ~sqrt(H) by ``noise_beta`` in absolute terms, and a fixed phi may be
+    above every in-batch complementary cosine. Two options make each act: ``noise_step="relative"``
+    (each ascent step turns the noise by ``noise_beta`` times its own norm) and ``phi_quantile`` (the
+    threshold is that quantile of each batch's complementary cosines, so the top ``1 - phi_quantile``
+    of the negatives are always masked).
 
     Args:
         encoder: the sentence encoder.
-        complementary_model: ``*.ckpt`` of this codebase's SimCSE, or a hub name / directory.
+        complementary_model: ``*.ckpt`` of this codebase's SimCSE, a hub name / directory, or ``self``
+            (the paper's ablation: the model being trained weights its own negatives, detached).
         complementary_pooling: pooling of a hub complementary model (checkpoints bring their own).
         temperature: tau.
         phi: weighting threshold on the complementary cosine, in (0, 1].
@@ -77,6 +85,13 @@ class DCLR(SentenceEmbeddingModule):
         weight_noise: weight noise negatives too (paper) or never (official code).
         masked: how a weight-0 negative leaves the loss.
         threshold_rule: ``>= phi`` (paper) or the official strict comparison on logits.
+        loss: the paper's weighted InfoNCE or the official code's binary cross-entropy over softmax entries.
+        complementary_mode: the complementary model in eval mode with its own pooling, or as the official
+            code runs it (train mode, the backbone's pooler output).
+        noise_step: each ascent step moves a noise vector by ``noise_beta`` (paper) or by ``noise_beta``
+            times its norm.
+        phi_quantile: when set, the weighting threshold of each batch is this quantile of its
+            complementary cosines (in-batch negatives) instead of ``phi``.
         gather_across_devices: in-batch negatives from all devices, with gradient.
     """
 
@@ -102,6 +117,10 @@ class DCLR(SentenceEmbeddingModule):
         weight_noise: bool = True,
         masked: Literal["remove", "zero_logit"] = "remove",
         threshold_rule: Literal["paper", "official"] = "paper",
+        loss: Literal["paper", "official"] = "paper",
+        complementary_mode: Literal["eval", "official"] = "eval",
+        noise_step: Literal["absolute", "relative"] = "absolute",
+        phi_quantile: float | None = None,
         gather_across_devices: bool = True,
         **kwargs: Any,
     ) -> None:
@@ -114,6 +133,8 @@ class DCLR(SentenceEmbeddingModule):
             raise ValueError(f"model.init_args.phi must be in (0, 1], got {phi}")
         if noise_ratio < 0:
             raise ValueError(f"model.init_args.noise_ratio (k / batch size) must be >= 0, got {noise_ratio}")
+        if phi_quantile is not None and not 0 < phi_quantile < 1:
+            raise ValueError(f"model.init_args.phi_quantile must be in (0, 1), got {phi_quantile}")
         if noise_std <= 0 or noise_steps < 0 or noise_beta < 0:
             raise ValueError("model.init_args.noise_std must be positive, noise_steps and noise_beta >= 0")
         self.temperature = temperature
@@ -130,14 +151,21 @@ class DCLR(SentenceEmbeddingModule):
         self.weight_noise = weight_noise
         self.masked = masked
         self.threshold_rule = threshold_rule
+        self.loss = loss
+        self.complementary_mode = complementary_mode
+        self.noise_step = noise_step
+        self.phi_quantile = phi_quantile
         self.gather_across_devices = gather_across_devices
         self.complementary: SentenceEncoder | None = None
-        if use_weighting:
+        self.self_weighting = use_weighting and complementary_model == "self"
+        if use_weighting and not self.self_weighting:
             self.complementary = load_complementary(complementary_model, complementary_pooling)
-            if self.complementary.dim != encoder.dim:
+            # Only weighting the noise compares the two models' vectors directly: a base complementary
+            # model with a large encoder (the official large setting, weight_noise false) is fine.
+            if self.use_noise and weight_noise and self.complementary.dim != encoder.dim:
                 raise ValueError(
                     f"model.init_args.complementary_model: its embeddings have {self.complementary.dim} dimensions, "
-                    f"the encoder's {encoder.dim}; the weights of noise negatives compare them directly"
+                    f"the encoder's {encoder.dim}; weighting noise negatives (weight_noise) compares them directly"
                 )
             self.complementary.requires_grad_(False).eval()
         # The complementary model is rebuilt from the config, not stored in checkpoints.
@@ -150,10 +178,30 @@ class DCLR(SentenceEmbeddingModule):
         super().on_save_checkpoint(checkpoint)
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith("complementary.")}
 
-    def _noise(self, batch_size: int, dim: int, device: torch.device) -> Tensor:
-        k = max(1, round(self.noise_ratio * batch_size))
+    def _noise(self, batch_size: int, negatives: int, dim: int, device: torch.device) -> Tensor:
+        """k = noise_ratio x the number of in-batch candidates (the global batch when gathering)."""
+        k = max(1, round(self.noise_ratio * negatives))
         shape = (batch_size, k, dim) if self.noise_per == "sentence" else (k, dim)
         return torch.randn(shape, device=device) * self.noise_std  # (B, k, H) or (k, H)
+
+    @torch.no_grad()
+    def _complementary_embed(self, features: dict[str, Tensor]) -> Tensor:
+        comp = self.complementary
+        if self.complementary_mode == "eval":
+            return comp(features).float()  # (B, H')
+        comp.train()  # dropout on, as the official code runs it
+        try:
+            if isinstance(getattr(comp.transformer, "pooler", None), nn.Module):
+                out = comp.transformer(input_ids=features["input_ids"], attention_mask=features["attention_mask"])
+                return out.pooler_output.float()  # (B, H') BERT's pretrained dense + tanh over [CLS]
+            return comp(features).float()
+        finally:
+            comp.eval()
+
+    def _weights(self, comp_sims: Tensor, threshold: Tensor | None) -> Tensor:
+        if threshold is None:
+            return dclr_weights(comp_sims, self.phi, self.threshold_rule, self.temperature)
+        return (comp_sims < threshold).to(comp_sims.dtype)  # (B, N) 0 at or above the batch's quantile
 
     def training_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Any]]:
         features = batch["sentence"]
@@ -171,13 +219,19 @@ class DCLR(SentenceEmbeddingModule):
         weights = torch.ones_like(neg)
         logs: dict[str, Any] = {}
 
-        comp_anchor = None
-        if self.complementary is not None:
+        comp_anchor = threshold = None
+        if self.complementary is not None or self.self_weighting:
             with torch.no_grad():
-                comp_anchor = self.complementary(features).float()  # (B, H) its own view
-                comp_all = gather_with_grad(comp_anchor) if self.gather_across_devices else comp_anchor
+                if self.self_weighting:  # the paper's ablation: the model being trained scores its own negatives
+                    comp_anchor, comp_all = z1.detach(), z2_all.detach()  # (B, H), (world*B, H)
+                else:
+                    comp_anchor = self._complementary_embed(features)  # (B, H') its own view
+                    comp_all = gather_with_grad(comp_anchor) if self.gather_across_devices else comp_anchor
                 comp_neg = cosine_similarity_matrix(comp_anchor, comp_all)[others].view(B, -1)  # (B, world*B - 1)
-                weights = dclr_weights(comp_neg, self.phi, self.threshold_rule, self.temperature)
+                if self.phi_quantile is not None:
+                    threshold = quantile_threshold(comp_neg, self.phi_quantile)
+                    logs["threshold"] = threshold
+                weights = self._weights(comp_neg, threshold)
             masked = weights == 0
             logs["masked_fraction"] = masked.float().mean()
             if masked.any():
@@ -186,12 +240,12 @@ class DCLR(SentenceEmbeddingModule):
                 logs["kept_comp_cosine"] = comp_neg[~masked].mean()
 
         if self.use_noise:
-            noise = self._noise(B, z1.shape[1], z1.device)
+            noise = self._noise(B, z2_all.shape[0], z1.shape[1], z1.device)
             in_batch = None
             if self.noise_objective == "infonce":
                 in_batch = z2_all.detach().expand(B, -1, -1)[others].view(B, -1, z1.shape[1])  # (B, world*B-1, H)
             noise, diag = dclr_noise_ascent(z1, z2, noise, self.noise_temperature, self.noise_steps, self.noise_beta,
-                                            self.noise_objective, in_batch)
+                                            self.noise_objective, in_batch, relative_step=self.noise_step == "relative")
             logs.update(noise_cos_shift=diag["cos_shift"], noise_step_norm=diag["noise_step_norm"],
                         noise_lu_before=diag["lu_before"], noise_lu_after=diag["lu_after"])
             noise_sims = anchor_cosines(z1, noise)  # (B, k): noise shared (k, H) or per anchor (B, k, H)
@@ -199,12 +253,15 @@ class DCLR(SentenceEmbeddingModule):
             if comp_anchor is not None and self.weight_noise:
                 with torch.no_grad():
                     comp_noise = anchor_cosines(comp_anchor, noise)  # (B, k)
-                    noise_weights = dclr_weights(comp_noise, self.phi, self.threshold_rule, self.temperature)
+                    noise_weights = self._weights(comp_noise, threshold)
                 logs["noise_masked_fraction"] = (noise_weights == 0).float().mean()
             neg = torch.cat([neg, noise_sims], dim=-1)  # (B, world*B - 1 + k)
             weights = torch.cat([weights, noise_weights], dim=-1)
 
-        loss = dclr_loss(pos, neg, weights, self.temperature, self.masked)
+        if self.loss == "official":
+            loss = dclr_official_loss(pos, neg, weights, self.temperature)
+        else:
+            loss = dclr_loss(pos, neg, weights, self.temperature, self.masked)
         logs.update(
             accuracy=((pos[:, None] > neg) | (weights == 0)).all(-1).float().mean(),  # over kept negatives
             alignment=alignment(z1.detach(), z2.detach()), uniformity=uniformity(z1.detach()),

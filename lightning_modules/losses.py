@@ -142,9 +142,10 @@ def dclr_noise_ascent(
     beta: float = 1e-3,
     objective: Literal["uniformity", "infonce"] = "uniformity",
     in_batch_negatives: Tensor | None = None,
+    relative_step: bool = False,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """DCLR's noise-based negatives, made harder by gradient ascent (Zhou et al., ACL 2022,
-    "Debiased Contrastive Learning of Unsupervised Sentence Representations", sec. 4.2).
+    "Debiased Contrastive Learning of Unsupervised Sentence Representations", sec. 4.1).
 
     The paper's objective for anchor i (sim = cosine, noise j of anchor i)::
 
@@ -163,6 +164,10 @@ def dclr_noise_ascent(
     The loop sees anchors and positives detached, treats the noise as its own leaf and calls
     ``torch.autograd.grad`` on it only, so no graph reaches the encoder; it runs in fp32 with
     autocast disabled (and grad enabled), so it is safe under bf16-mixed and inside no_grad.
+
+    ``relative_step``: each step moves a vector by ``beta`` times its own norm, so ``beta`` is the
+    angle (in radians, for small beta) the step may turn it by, whatever the noise's scale. With the
+    paper's absolute step a vector of norm ~19.6 (sigma 1, H = 384) turns by beta / 19.6.
 
     Measured noise movement (offline all-MiniLM-L6-v2, H = 384, sigma 1, k = B = 64, 4 steps of
     beta 1e-3, 30 DCLR steps on Wikipedia sentences): each noise vector moves by 0.004 against a
@@ -212,7 +217,8 @@ def dclr_noise_ascent(
             (grad,) = torch.autograd.grad(ascended(anchor_cosines(a, current) / tau_u), current)
             # One unit direction per noise vector (last dim), so every vector moves by beta.
             direction = grad / torch.linalg.vector_norm(grad, dim=-1, keepdim=True).clamp_min(1e-12)
-            current = current.detach() + beta * direction
+            size = beta * torch.linalg.vector_norm(current, dim=-1, keepdim=True) if relative_step else beta
+            current = current.detach() + size * direction
         current = current.detach()
         with torch.no_grad():
             logits1 = anchor_cosines(a, current) / tau_u  # (B, k)
@@ -291,3 +297,44 @@ def dclr_loss(
         raise ValueError(f"masked must be 'remove' or 'zero_logit', got {masked!r}")
     logits = torch.cat([pos_logits[:, None], neg_logits], dim=-1)  # (B, 1 + N)
     return (torch.logsumexp(logits, dim=-1) - pos_logits).mean()
+
+
+def dclr_official_loss(pos_sims: Tensor, neg_sims: Tensor, weights: Tensor, temperature: float = 0.05) -> Tensor:
+    """The loss DCLR's official code computes in place of the paper's eq. 5.
+
+    It multiplies the logits by the weights (a masked negative's logit becomes 0), takes the
+    softmax over each anchor's row ``[positive, negatives]``, and averages a binary cross-entropy
+    against the one-hot positive over all B x (1 + N) entries::
+
+        p = softmax([pos_i / tau, w_ij * neg_ij / tau])
+        L = mean_{i, j} -( y_ij log p_ij + (1 - y_ij) log(1 - p_ij) ),   y_ij = [j is the positive]
+
+    On the same logits this is about (1 + N) times smaller than the row cross-entropy, and each
+    negative is also pushed down through its own ``log(1 - p)`` term. ``log(1 - p)`` is computed
+    as ``log(-expm1(log p))`` (stable when p is near 1) in fp32.
+
+    pos_sims: (B,) cosines; neg_sims, weights: (B, N)
+    """
+    _check_positive("temperature", temperature)
+    pos_logits = _fp32(pos_sims) / temperature  # (B,)
+    neg_logits = _fp32(neg_sims) / temperature * _fp32(weights.detach())  # (B, N)
+    logits = torch.cat([pos_logits[:, None], neg_logits], dim=-1)  # (B, 1 + N), positive first
+    log_p = torch.log_softmax(logits, dim=-1)
+    log_not_p = _log1mexp(log_p)  # log(1 - p)
+    target = torch.zeros_like(log_p)
+    target[:, 0] = 1.0
+    return -(target * log_p + (1 - target) * log_not_p).mean()
+
+
+def _log1mexp(x: Tensor) -> Tensor:
+    """``log(1 - exp(x))`` for x <= 0, accurate at both ends (Maechler 2012)."""
+    x = x.clamp(max=-1e-30)
+    return torch.where(x > -0.6931471805599453, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+
+
+def quantile_threshold(comp_sims: Tensor, q: float) -> Tensor:
+    """The q-quantile of a batch's complementary cosines: a threshold that masks the top ``1 - q``
+    fraction of the batch's negatives whatever the complementary model's cosine scale."""
+    if not 0 < q < 1:
+        raise ValueError(f"q must be in (0, 1), got {q!r}")
+    return torch.quantile(_fp32(comp_sims.detach()).flatten(), q)

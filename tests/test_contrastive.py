@@ -76,6 +76,52 @@ def test_dclr_complementary_of_another_size_is_an_error(tiny_model_dir):
         DCLR(SentenceEncoder(tiny_model_dir), complementary_model="sentence-transformers/all-MiniLM-L6-v2")
 
 
+def test_dclr_complementary_of_another_size_is_fine_when_noise_is_not_weighted(tiny_model_dir):
+    # the official large setting: a base complementary model, a large encoder, weight_noise false
+    model = DCLR(SentenceEncoder(tiny_model_dir), complementary_model="sentence-transformers/all-MiniLM-L6-v2",
+                 weight_noise=False)
+    features = model.encoder.tokenize(["a cat sleeps", "dogs run fast", "it rains today"])
+    loss, logs = model.training_loss({"sentence": features})
+    assert torch.isfinite(loss) and "masked_fraction" in logs
+
+
+def test_dclr_official_complementary_runs_in_train_mode_through_the_pooler(tiny_model_dir):
+    model = DCLR(SentenceEncoder(tiny_model_dir), complementary_model=tiny_model_dir, complementary_mode="official")
+    seen = []
+    model.complementary.transformer.pooler.register_forward_hook(lambda m, i, o: seen.append(m.training))
+    features = model.encoder.tokenize(["a cat sleeps", "dogs run fast", "it rains today", "the band plays"])
+    first = model._complementary_embed(features)
+    second = model._complementary_embed(features)
+    assert seen == [True, True]  # dropout on, pooler output used
+    assert not torch.equal(first, second)  # two dropout masks
+    assert not model.complementary.training  # back in eval mode afterwards
+    model.training_loss({"sentence": features})
+    eval_mode = DCLR(SentenceEncoder(tiny_model_dir), complementary_model=tiny_model_dir)
+    seen.clear()
+    eval_mode.complementary.transformer.pooler.register_forward_hook(lambda m, i, o: seen.append(m.training))
+    eval_mode._complementary_embed(features)
+    assert seen == [False]  # the pooler is part of the HF forward, but its output is unused in eval mode
+
+
+def test_dclr_acting_options_move_their_diagnostics(tiny_model_dir):
+    torch.manual_seed(0)
+    sentences = [f"sentence number {i} about topic {i % 3}" for i in range(16)]
+    logs = {}
+    for name, args in {"paper": {}, "acting": {"noise_step": "relative", "noise_beta": 0.2, "phi_quantile": 0.9}}.items():
+        model = DCLR(SentenceEncoder(tiny_model_dir), complementary_model=tiny_model_dir, **args)
+        _, logs[name] = model.training_loss({"sentence": model.encoder.tokenize(sentences)})
+    assert logs["acting"]["noise_cos_shift"] > 100 * abs(logs["paper"]["noise_cos_shift"])
+    assert logs["acting"]["masked_fraction"] > 0.05 and "threshold" in logs["acting"]
+
+
+def test_dclr_self_as_complementary_model(tiny_model_dir):
+    model = DCLR(SentenceEncoder(tiny_model_dir), complementary_model="self", phi_quantile=0.5)
+    assert model.complementary is None and model.frozen_modules() == []
+    features = model.encoder.tokenize(["a cat sleeps", "dogs run fast", "it rains today", "the band plays"])
+    loss, logs = model.training_loss({"sentence": features})
+    assert torch.isfinite(loss) and logs["masked_fraction"] > 0
+
+
 def test_batch_of_one_is_an_error(tiny_model_dir, fixtures_dir):
     dm = WikiDataModule(str(fixtures_dir / "sentences.txt"), per_device_batch_size=1)
     dm.use_tokenizer(**SentenceEncoder(tiny_model_dir).tokenization())

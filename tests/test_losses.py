@@ -12,9 +12,11 @@ from lightning_modules.losses import (
     cosine_similarity_matrix,
     dclr_loss,
     dclr_noise_ascent,
+    dclr_official_loss,
     dclr_weights,
     in_batch_accuracy,
     info_nce_loss,
+    quantile_threshold,
     triplet_loss,
     uniformity,
 )
@@ -239,6 +241,47 @@ def test_noise_ascent_single_step_is_normalised_gradient():
     expected = noise + 1e-3 * grad / grad.norm(dim=-1, keepdim=True)
     moved, _ = dclr_noise_ascent(anchors, positives, noise, steps=1)
     assert torch.allclose(moved, expected, atol=1e-12)
+
+
+def test_noise_ascent_relative_step_moves_by_beta_times_the_norm():
+    g = torch.Generator().manual_seed(7)
+    anchors, positives = torch.randn(3, 5, generator=g, dtype=D), torch.randn(3, 5, generator=g, dtype=D)
+    noise = 10 * torch.randn(3, 2, 5, generator=g, dtype=D)
+    moved, diag = dclr_noise_ascent(anchors, positives, noise, tau_u=1.0, steps=1, beta=0.1, relative_step=True)
+    step = torch.linalg.vector_norm(moved - noise, dim=-1)
+    torch.testing.assert_close(step, 0.1 * torch.linalg.vector_norm(noise, dim=-1))
+    assert diag["cos_shift"].item() > 0  # ascent turns the noise towards the anchors
+
+
+def test_dclr_official_loss_by_hand():
+    # One anchor, one in-batch negative (weight 1), one masked negative (weight 0: logit 0), tau 0.5.
+    pos, neg, w = torch.tensor([0.8], dtype=D), torch.tensor([[0.3, 0.6]], dtype=D), torch.tensor([[1.0, 0.0]], dtype=D)
+    logits = [0.8 / 0.5, 0.3 / 0.5, 0.0]
+    z = sum(math.exp(x) for x in logits)
+    p = [math.exp(x) / z for x in logits]
+    expected = -(math.log(p[0]) + math.log(1 - p[1]) + math.log(1 - p[2])) / 3
+    assert dclr_official_loss(pos, neg, w, temperature=0.5).item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_dclr_official_loss_against_bce_of_softmax():
+    g = torch.Generator().manual_seed(8)
+    pos, neg = torch.rand(4, generator=g, dtype=D), torch.rand(4, 6, generator=g, dtype=D) * 2 - 1
+    w = (torch.rand(4, 6, generator=g) > 0.3).to(D)
+    p = torch.softmax(torch.cat([pos[:, None], neg * w], -1) / 0.05, -1)
+    y = torch.zeros_like(p)
+    y[:, 0] = 1
+    expected = F.binary_cross_entropy(p, y)  # the official code's nn.BCELoss on the softmax
+    torch.testing.assert_close(dclr_official_loss(pos, neg, w, 0.05), expected)
+    # and it differs from the paper's row cross-entropy on the same logits
+    assert abs(dclr_official_loss(pos, neg, w, 0.05).item() - dclr_loss(pos, neg, w, 0.05, "zero_logit").item()) > 0.1
+
+
+def test_quantile_threshold_masks_the_top_of_the_batch():
+    sims = torch.arange(100, dtype=torch.float32).view(10, 10) / 100  # 0.00 .. 0.99
+    t = quantile_threshold(sims, 0.9)
+    assert (sims >= t).sum().item() == 10
+    with pytest.raises(ValueError):
+        quantile_threshold(sims, 1.0)
 
 
 def test_noise_ascent_infonce_matches_official_in_batch_step():

@@ -16,11 +16,14 @@ from harness.cli import SentenceCLI
 from tests.conftest import ROOT, run_script
 
 CONFIGS = sorted(glob.glob(str(ROOT / "configs" / "*.yaml")))
-# an overlay in configs/<name>/ applies on top of configs/<name>.yaml
-CONFIGS += [[str(ROOT / "configs" / f"{Path(o).parent.name}.yaml"), o] for o in sorted(glob.glob(str(ROOT / "configs" / "*" / "*.yaml")))]
+# an overlay in configs/<name>/ applies on top of configs/<name>.yaml; configs/overlays/ on the paper configs
+CONFIGS += [[str(ROOT / "configs" / f"{Path(o).parent.name}.yaml"), o]
+            for o in sorted(glob.glob(str(ROOT / "configs" / "*" / "*.yaml"))) if Path(o).parent.name != "overlays"]
+CONFIGS += [[str(ROOT / "configs" / base), *(str(ROOT / "configs" / "overlays" / o) for o in overlays)]
+            for base in ("simcse_unsup.yaml", "dclr.yaml") for overlays in (["offline_wiki.yaml", "cpu_300_steps.yaml"],)]
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: str(Path(p if isinstance(p, str) else p[-1]).relative_to(ROOT / "configs")))
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p if isinstance(p, str) else "+".join(Path(f).stem for f in p))
 def test_every_shipped_config_parses(config, capsys):
     files = [config] if isinstance(config, str) else config
     with pytest.raises(SystemExit) as exit_info:
@@ -43,6 +46,7 @@ def objective_config(tmp_path: Path, tiny: str, fixtures: Path, model: str, data
     config = {
         "seed_everything": 1,
         "trainer": {"max_steps": 4, "val_check_interval": 2, "check_val_every_n_epoch": None,
+                    "log_every_n_steps": 1,  # an epoch of fixture data is a few steps
                     "default_root_dir": str(tmp_path / "runs"), "enable_progress_bar": False,
                     "enable_model_summary": False, "accelerator": "cpu", "devices": 1},
         "model": {"class_path": f"lightning_modules.{model}",

@@ -1,0 +1,183 @@
+"""One command for a grid of runs: train every cell, evaluate it, skip what is finished, print the table.
+
+    python benchmarks/grid.py --name dclr_phi --config configs/dclr.yaml --config configs/overlays/offline_wiki.yaml \
+        --config configs/overlays/cpu_300_steps.yaml --vary model.init_args.phi=0.5,0.7,0.9 --seeds 42,43,44 \
+        --sts_dir ../shared/data/sts [--set model.init_args.complementary_model=PATH] [--jobs 2]
+
+A cell is one combination of the ``--vary`` values and one seed; it lives in ``OUT/NAME/<values>/seed<S>/``:
+``train/`` (the run's logs and checkpoints, trained with ``--ckpt_path last``, so a stopped cell resumes
+where it stopped), ``train.log``, then ``eval.json`` (``evaluate.py`` on the last checkpoint: the same rule
+for every method, no model selection) and ``dev.json`` (the last validation's dev figures). A cell whose
+``eval.json`` exists is skipped, so the command resumes after a stop and never overwrites a result.
+Each finished cell also writes its hyperparameters with its dev and seven-task figures to TensorBoard's
+HParams tab (``tensorboard --logdir OUT/NAME``). At the end the markdown table (mean ± std over seeds) is
+printed and written to ``OUT/NAME/table.md``.
+
+``--jobs 2 --threads 1`` runs two one-thread cells at a time: on 2 cores that is faster than one
+two-thread cell after another.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import common
+from datamodules.sts import STS_TASKS
+
+ROOT = common.ROOT
+DEV = ("stsb", "sickr")
+
+
+def parse_vary(spec: str) -> tuple[str, list[str]]:
+    key, sep, values = spec.partition("=")
+    if not sep or not key or not values:
+        raise SystemExit(f"error: --vary {spec!r}: expected KEY=V1,V2,...")
+    return key, [v.strip() for v in values.split(",") if v.strip()]
+
+
+def cell_label(assignment: dict[str, str]) -> str:
+    """``phi=0.5,noise_ratio=2`` from the last component of each varied key; ``base`` with nothing varied."""
+    return ",".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in assignment.items()) or "base"
+
+
+def last_checkpoint(train_dir: Path) -> Path | None:
+    found = sorted(train_dir.glob("**/checkpoints/last.ckpt"), key=os.path.getmtime)
+    return found[-1] if found else None
+
+
+def last_dev(train_dir: Path) -> dict[str, float]:
+    """The last logged ``val/<name>_spearman`` of each dev set (the last checkpoint's, since the run
+    validates on its final step)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out: dict[str, float] = {}
+    for events in sorted(train_dir.glob("**/events.out.tfevents.*"), key=os.path.getmtime):
+        acc = EventAccumulator(str(events.parent), size_guidance={"scalars": 0})
+        acc.Reload()
+        for name in DEV:
+            tag = f"val/{name}_spearman"
+            if tag in acc.Tags()["scalars"]:
+                out[name] = float(acc.Scalars(tag)[-1].value)
+    return out
+
+
+def write_hparams(cell: Path, hparams: dict[str, str], metrics: dict[str, float]) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(log_dir=str(cell / "hparams")) as writer:
+        writer.add_hparams(hparams, {f"hparam/{k}": v for k, v in metrics.items()}, run_name=".")
+
+
+def run_cell(args: argparse.Namespace, cell: Path, assignment: dict[str, str], seed: int) -> dict | None:
+    """Train, evaluate and record one cell; None when it failed (its log says why)."""
+    if (cell / "eval.json").exists():
+        print(f"skip {cell.relative_to(args.out)} (finished)", flush=True)
+        return json.loads((cell / "eval.json").read_text())
+    cell.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT))
+    if args.threads:
+        env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
+    overrides = [*args.set, *(f"{k}={v}" for k, v in assignment.items())]
+    command = [sys.executable, str(ROOT / "train.py"), *[a for c in args.config for a in ("--config", c)],
+               *[a for o in overrides for a in (f"--{o.partition('=')[0]}", o.partition("=")[2])],
+               "--seed_everything", str(seed), "--trainer.default_root_dir", str(cell / "train"),
+               "--trainer.enable_progress_bar", "false", "--ckpt_path", "last"]
+    (cell / "command").write_text(" ".join(command) + "\n")
+    print(f"train {cell.relative_to(args.out)}", flush=True)
+    start = time.time()
+    with open(cell / "train.log", "a") as log:
+        if subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
+            print(f"FAILED {cell.relative_to(args.out)}: see {cell / 'train.log'}", flush=True)
+            return None
+        ckpt = last_checkpoint(cell / "train")
+        partial = cell / "eval.json.partial"
+        partial.unlink(missing_ok=True)  # a stop during evaluation leaves this; evaluate again
+        evaluation = [sys.executable, str(ROOT / "evaluate.py"), "--ckpt_path", str(ckpt), "--sts_dir", args.sts_dir,
+                      "--precision", args.eval_precision, "--output", str(partial)]
+        if subprocess.run(evaluation, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
+            print(f"FAILED evaluation of {cell.relative_to(args.out)}: see {cell / 'train.log'}", flush=True)
+            return None
+    dev = last_dev(cell / "train")
+    (cell / "dev.json").write_text(json.dumps(dev, indent=2) + "\n")
+    results = json.loads(partial.read_text())
+    scores = {t: float(results[t]) for t in STS_TASKS if t in results}
+    if "avg" in results:
+        scores["avg"] = float(results["avg"])
+    write_hparams(cell, {**assignment, "seed": str(seed), "config": " + ".join(Path(c).name for c in args.config)},
+                  {**scores, **{f"dev_{k}": v for k, v in dev.items()}})
+    os.replace(partial, cell / "eval.json")  # last: its presence means the cell is finished
+    print(f"done  {cell.relative_to(args.out)}: avg {scores.get('avg', float('nan')):.2f} "
+          f"({time.time() - start:.0f} s)", flush=True)
+    return results
+
+
+def mean_std(values: list[float]) -> str:
+    if not values:
+        return "—"
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def table(rows: dict[str, list[Path]]) -> str:
+    tasks = [*STS_TASKS, "avg"]
+    names = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16",
+             "stsb": "STS-B", "sickr": "SICK-R", "avg": "avg"}
+    lines = ["| cell | seeds | " + " | ".join(names[t] for t in tasks) + " | STS-B dev | SICK-R dev |",
+             "|---" * (len(tasks) + 4) + "|"]
+    for label, cells in rows.items():
+        done = [c for c in cells if (c / "eval.json").exists()]
+        results = [json.loads((c / "eval.json").read_text()) for c in done]
+        devs = [json.loads((c / "dev.json").read_text()) for c in done if (c / "dev.json").exists()]
+        columns = [mean_std([float(r[t]) for r in results if t in r]) for t in tasks]
+        columns += [mean_std([d[k] for d in devs if k in d]) for k in DEV]
+        lines.append(f"| {label} | {len(done)}/{len(cells)} | " + " | ".join(columns) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--name", required=True, help="the grid's directory under --out")
+    parser.add_argument("--config", action="append", required=True, help="train.py config files, merged in order")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a fixed override")
+    parser.add_argument("--vary", action="append", default=[], metavar="KEY=V1,V2", help="a varied key")
+    parser.add_argument("--seeds", default="42", help="comma-separated seeds (default 42)")
+    parser.add_argument("--sts_dir", required=True, help="the seven STS tasks' files for evaluate.py")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "grid")
+    parser.add_argument("--jobs", type=int, default=1, help="cells trained at the same time")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads of each cell")
+    parser.add_argument("--eval_precision", default="bf16", choices=["32", "bf16", "16"])
+    args = parser.parse_args(argv)
+    for o in args.set:
+        if "=" not in o:
+            parser.error(f"--set {o!r}: expected KEY=VALUE")
+    varied = [parse_vary(v) for v in args.vary]
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    args.out = (args.out / args.name).absolute()
+    rows: dict[str, list[Path]] = {}
+    jobs = []
+    for values in itertools.product(*[vals for _, vals in varied]):
+        assignment = {key: value for (key, _), value in zip(varied, values)}
+        label = cell_label(assignment)
+        for seed in seeds:
+            cell = args.out / label / f"seed{seed}"
+            rows.setdefault(label, []).append(cell)
+            jobs.append((cell, assignment, seed))
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        outcomes = list(pool.map(lambda job: run_cell(args, *job), jobs))
+    text = table(rows)
+    (args.out / "table.md").write_text(text + "\n")
+    print(text)
+    return 0 if all(o is not None for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
