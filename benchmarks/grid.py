@@ -113,6 +113,7 @@ def run_cell(args: argparse.Namespace, cell: Path, assignment: dict[str, str], s
         scores["avg"] = float(results["avg"])
     write_hparams(cell, {**assignment, "seed": str(seed), "config": " + ".join(Path(c).name for c in args.config)},
                   {**scores, **{f"dev_{k}": v for k, v in dev.items()}})
+    (cell / "wall_s").write_text(f"{time.time() - start:.0f}\n")  # training and evaluation, this attempt
     os.replace(partial, cell / "eval.json")  # last: its presence means the cell is finished
     print(f"done  {cell.relative_to(args.out)}: avg {scores.get('avg', float('nan')):.2f} "
           f"({time.time() - start:.0f} s)", flush=True)

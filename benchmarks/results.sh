@@ -22,13 +22,16 @@ MODEL=sentence-transformers/all-MiniLM-L6-v2
 NLI_FILES=(nli/snli.test.tsv nli/mnli.dev_matched.tsv)
 NLI="[$DATA/${NLI_FILES[0]},$DATA/${NLI_FILES[1]}]"
 WIKI=$DATA/wiki/wiki_sentences.txt
-BUDGET=(--trainer.max_steps 300 --trainer.max_epochs -1 --trainer.check_val_every_n_epoch null
-        --trainer.val_check_interval 100 --trainer.precision bf16-mixed
-        --model.init_args.encoder.init_args.model_name $MODEL
-        --model.init_args.encoder.init_args.pooling mean --data.init_args.sts_dir $DATA/sts)
+# Our rows are configs: the paper config, the overlay that points it at the offline model and
+# ../shared/data, and the budget overlay (the overlays name ../shared/data; DATA is for the peers).
+BUDGET=(--config configs/overlays/cpu_300_steps.yaml)
+NLIDATA=(--config configs/overlays/offline_nli.yaml "${BUDGET[@]}")
+STSB=(--config configs/overlays/offline_stsb.yaml "${BUDGET[@]}")
+# SimCSE/DCLR keep the start model's mean pooling, so no MLP head (it sits on cls pooling)
+SIMCSE_START=(--config configs/overlays/offline_wiki.yaml "${BUDGET[@]}" --config configs/overlays/start_pooling.yaml)
 
 wanted() { [[ "$ONLY" == "  " || "$ONLY" == *" $1 "* ]]; }
-last_ckpt() { ls -t "$OUT/$1"/lightning_logs/version_*/checkpoints/last.ckpt | head -n 1; }
+last_ckpt() { ls -t "$OUT/$1"/base/seed*/train/lightning_logs/version_*/checkpoints/last.ckpt | head -n 1; }
 evaluate() {  # evaluate ROW ARGS...: the seven tasks into ROW/eval.json
     local row=$1; shift
     python evaluate.py --sts_dir "$DATA/sts" --precision bf16 --output "$OUT/$row/eval.json" "$@" \
@@ -53,11 +56,11 @@ timed() {  # timed ROW COMMAND...: run the training command, record its wall tim
     printf '%q ' "$@" > "$OUT/$row/command"
 }
 needs_eval() { wanted "$1" && [[ -e "$OUT/$1/wall_s" && ! -e "$OUT/$1/eval.json" ]]; }
-ours() {  # ours ROW SEED CONFIG [OVERRIDES...]: this codebase's train.py on the budget
-    local row=$1 seed=$2 config=$3; shift 3
-    todo "$row" && timed "$row" python train.py --config "$config" --seed_everything "$seed" \
-        --trainer.default_root_dir "$OUT/$row" "${BUDGET[@]}" "$@"
-    needs_eval "$row" && evaluate "$row" --ckpt_path "$(last_ckpt "$row")"
+ours() {  # ours ROW SEED GRID-ARGS...: benchmarks/grid.py trains and evaluates it in $OUT/ROW/base/seedSEED
+    local row=$1 seed=$2; shift 2
+    wanted "$row" || return 0
+    python benchmarks/grid.py --name "$row" --out "$OUT" --sts_dir "$DATA/sts" --seeds "$seed" "$@" \
+        || echo "$(date +%T) $row: FAILED, see $OUT/$row/base/seed$seed/train.log (the next rows still run)"
     return 0
 }
 peer() {  # peer ROW OBJECTIVE [ARGS...]: sentence-transformers on the same rows and budget
@@ -81,28 +84,22 @@ if wanted start && [[ ! -e "$OUT/start/eval.json" ]]; then
     evaluate start --model "$MODEL"
 fi
 
-STSB=(--data.init_args.train_source "$DATA/sts/stsb.train.tsv")
-NLIDATA=(--data.init_args.train_sources "$NLI")
-# SimCSE/DCLR keep the start model's mean pooling, so no MLP head (it sits on cls pooling)
-SIMCSE_START=(--model.init_args.encoder.init_args.max_seq_length 32 --model.init_args.encoder.init_args.mlp_head false
-              --model.init_args.encoder.init_args.mlp_only_train false --data.init_args.train_source "$WIKI")
-DCLR=(--data.init_args.per_device_batch_size 64)  # SimCSE's batch, so both see the same batches
 
-ours sts_regression_s42 42 configs/sbert_sts_regression.yaml "${STSB[@]}"
+ours sts_regression_s42 42 --config configs/sbert_sts_regression.yaml "${STSB[@]}"
 peer st_cosine cosine --batch_size 16 --seed 42
-ours nli_softmax 42 configs/sbert_nli_softmax.yaml "${NLIDATA[@]}"
+ours nli_softmax 42 --config configs/sbert_nli_softmax.yaml "${NLIDATA[@]}"
 peer st_softmax softmax --batch_size 16 --seed 42
-ours triplet 42 configs/sbert_triplet.yaml "${NLIDATA[@]}"
+ours triplet 42 --config configs/sbert_triplet.yaml "${NLIDATA[@]}"
 peer st_triplet triplet --batch_size 16 --seed 42
-ours mnr 42 configs/mnr_nli.yaml "${NLIDATA[@]}"
+ours mnr 42 --config configs/mnr_nli.yaml "${NLIDATA[@]}"
 peer st_mnr mnr --batch_size 64 --seed 42
-ours mnr_hard_negatives 42 configs/mnr_nli.yaml "${NLIDATA[@]}" --data.init_args.view triplets
-ours simcse_unsup 42 configs/simcse_unsup.yaml "${SIMCSE_START[@]}"
-COMPLEMENTARY=(--model.init_args.complementary_model "$(last_ckpt simcse_unsup 2>/dev/null || true)")
-ours dclr_paper_s42 42 configs/dclr.yaml "${SIMCSE_START[@]}" "${DCLR[@]}" "${COMPLEMENTARY[@]}"
-ours dclr_official 42 configs/dclr.yaml --config configs/dclr/official.yaml "${SIMCSE_START[@]}" "${DCLR[@]}" "${COMPLEMENTARY[@]}"
+ours mnr_hard_negatives 42 --config configs/mnr_nli.yaml "${NLIDATA[@]}" --set data.init_args.view=triplets
+ours simcse_unsup 42 --config configs/simcse_unsup.yaml "${SIMCSE_START[@]}"
+COMPLEMENTARY="$(last_ckpt simcse_unsup 2>/dev/null || true)"
+ours dclr_paper_s42 42 --config configs/dclr.yaml "${SIMCSE_START[@]}" --set "model.init_args.complementary_model=$COMPLEMENTARY"
+ours dclr_official 42 --config configs/dclr.yaml --config configs/dclr/official.yaml --set model.init_args.loss=paper --set model.init_args.complementary_mode=eval "${SIMCSE_START[@]}" --set "model.init_args.complementary_model=$COMPLEMENTARY"
 for seed in 43 44; do
-    ours sts_regression_s$seed $seed configs/sbert_sts_regression.yaml "${STSB[@]}"
+    ours sts_regression_s$seed $seed --config configs/sbert_sts_regression.yaml "${STSB[@]}"
 done
 if wanted film_tfidf_cosine && [[ ! -e "$OUT/film_tfidf_cosine/eval.json" ]]; then
     mkdir -p "$OUT/film_tfidf_cosine"
@@ -112,10 +109,10 @@ fi
 film film_tfidf configs/film_tfidf.yaml --data.init_args.train_sources "$NLI"
 film film_frozen_encoder configs/film_frozen_encoder.yaml --data.init_args.train_sources "[$DATA/${NLI_FILES[0]}]"
 for seed in 43 44; do
-    ours dclr_paper_s$seed $seed configs/dclr.yaml "${SIMCSE_START[@]}" "${DCLR[@]}" "${COMPLEMENTARY[@]}"
+    ours dclr_paper_s$seed $seed --config configs/dclr.yaml "${SIMCSE_START[@]}" --set "model.init_args.complementary_model=$COMPLEMENTARY"
 done
 for seed in 43 44; do  # SimCSE's seeds too, so that DCLR's gain over it can be told from seed noise
-    ours simcse_unsup_s$seed $seed configs/simcse_unsup.yaml "${SIMCSE_START[@]}"
+    ours simcse_unsup_s$seed $seed --config configs/simcse_unsup.yaml "${SIMCSE_START[@]}"
 done
-ours film_deep_triplet 42 configs/film_deep_triplet.yaml "${NLIDATA[@]}"
+ours film_deep_triplet 42 --config configs/film_deep_triplet.yaml "${NLIDATA[@]}"
 echo "$(date +%T) all rows done"

@@ -1,4 +1,4 @@
-"""The markdown tables of docs/RESULTS.md from the runs of benchmarks/results.sh.
+"""The markdown tables of docs/RESULTS.md from the runs of benchmarks/results.sh (our rows are grid.py cells).
 
     python benchmarks/results_table.py [--runs runs/results]
 
@@ -47,6 +47,10 @@ SEEDED = [  # (seed-row prefix: PREFIX_s42, PREFIX_s43, ...; label; rows of anot
 
 
 def load(run: Path) -> dict | None:
+    """A row's results: ROW/eval.json (peers, FILM) or its grid cell ROW/base/seed*/eval.json (ours)."""
+    cells = sorted(run.glob("base/seed*/eval.json"))
+    if not (run / "eval.json").is_file() and len(cells) == 1:
+        run = cells[0].parent
     if not (run / "eval.json").is_file():
         return None
     results = json.loads((run / "eval.json").read_text())

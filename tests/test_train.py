@@ -20,7 +20,13 @@ CONFIGS = sorted(glob.glob(str(ROOT / "configs" / "*.yaml")))
 CONFIGS += [[str(ROOT / "configs" / f"{Path(o).parent.name}.yaml"), o]
             for o in sorted(glob.glob(str(ROOT / "configs" / "*" / "*.yaml"))) if Path(o).parent.name != "overlays"]
 CONFIGS += [[str(ROOT / "configs" / base), *(str(ROOT / "configs" / "overlays" / o) for o in overlays)]
-            for base in ("simcse_unsup.yaml", "dclr.yaml") for overlays in (["offline_wiki.yaml", "cpu_300_steps.yaml"],)]
+            for base, overlays in [
+                ("simcse_unsup.yaml", ["offline_wiki.yaml", "cpu_300_steps.yaml", "start_pooling.yaml"]),
+                ("dclr.yaml", ["offline_wiki.yaml", "cpu_300_steps.yaml"]),
+                ("sbert_nli_softmax.yaml", ["offline_nli.yaml", "cpu_300_steps.yaml"]),
+                ("sbert_triplet.yaml", ["offline_nli.yaml"]), ("mnr_nli.yaml", ["offline_nli.yaml"]),
+                ("simcse_sup.yaml", ["offline_nli.yaml"]),
+                ("sbert_sts_regression.yaml", ["offline_stsb.yaml", "cpu_300_steps.yaml"])]]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p if isinstance(p, str) else "+".join(Path(f).stem for f in p))
