@@ -1,6 +1,7 @@
 """What no objective owns: encoding, the shared STS validation, optimizer and warmup schedule."""
 from __future__ import annotations
 
+import warnings
 from typing import Any, Literal, Sequence
 
 import lightning as L
@@ -115,9 +116,13 @@ class SentenceEmbeddingModule(L.LightningModule):
         names = list(getattr(datamodule, "val_names", []))
         if names != self.val_names:
             self.val_names = names
-            self.val_spearman = nn.ModuleDict(
-                {n: SpearmanCorrCoef(sync_on_compute=False) for n in names}  # each rank sees the full dev set
-            ).to(self.device)
+            with warnings.catch_warnings():
+                # Spearman needs every score in its buffer, which is what the warning is about; a dev set
+                # is a few thousand pairs.
+                warnings.filterwarnings("ignore", message="Metric `SpearmanCorrcoef` will save all targets")
+                self.val_spearman = nn.ModuleDict(
+                    {n: SpearmanCorrCoef(sync_on_compute=False) for n in names}  # each rank sees the full dev set
+                ).to(self.device)
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
         u = self.encoder(batch["sentence1"]).float()  # (B, H)

@@ -6,11 +6,13 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from .base import SentenceEmbeddingModule
-from .distributed import gather_with_grad, rank_and_world
 from encoders.sentence import Pooling, SentenceEncoder
-from .losses import (alignment, anchor_cosines, cosine_similarity_matrix, dclr_loss, dclr_noise_ascent,
-                     dclr_official_loss, dclr_weights, quantile_threshold, uniformity)
+
+from .base import SentenceEmbeddingModule
+from .distributed import gather_with_grad
+from .losses import (anchor_cosines, cosine_similarity_matrix, dclr_loss, dclr_noise_ascent, dclr_official_loss,
+                     dclr_weights, quantile_threshold)
+from .ranking import in_batch_candidates, ranking_diagnostics
 
 
 def load_complementary(model: str, pooling: Pooling) -> SentenceEncoder:
@@ -208,9 +210,7 @@ class DCLR(SentenceEmbeddingModule):
         z1 = self.encoder(features).float()  # (B, H) anchors
         z2 = self.encoder(features).float()  # (B, H) positives: the same sentences, another dropout mask
         B = z1.shape[0]
-        rank, world = rank_and_world() if self.gather_across_devices else (0, 1)
-        z2_all = gather_with_grad(z2) if self.gather_across_devices else z2  # (world*B, H)
-        labels = rank * B + torch.arange(B, device=z1.device)  # (B,) the positive's column
+        z2_all, labels = in_batch_candidates(z1, z2, None, self.gather_across_devices)  # (world*B, H), (B,)
         sims = cosine_similarity_matrix(z1, z2_all)  # (B, world*B)
         others = torch.ones_like(sims, dtype=torch.bool)
         others[torch.arange(B), labels] = False
@@ -262,9 +262,6 @@ class DCLR(SentenceEmbeddingModule):
             loss = dclr_official_loss(pos, neg, weights, self.temperature)
         else:
             loss = dclr_loss(pos, neg, weights, self.temperature, self.masked)
-        logs.update(
-            accuracy=((pos[:, None] > neg) | (weights == 0)).all(-1).float().mean(),  # over kept negatives
-            alignment=alignment(z1.detach(), z2.detach()), uniformity=uniformity(z1.detach()),
-            temperature=self.temperature,
-        )
+        accuracy = ((pos[:, None] > neg) | (weights == 0)).all(-1).float().mean()  # over kept negatives
+        logs.update(ranking_diagnostics(z1, z2, accuracy), temperature=self.temperature)
         return loss, logs

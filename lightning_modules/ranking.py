@@ -6,11 +6,38 @@ from typing import Any, Callable
 import torch
 from torch import Tensor
 
+from encoders.sentence import SentenceEncoder
+
 from .base import SentenceEmbeddingModule
 from .distributed import gather_with_grad, rank_and_world
-from encoders.sentence import SentenceEncoder
 from .grad_cache import grad_cache_loss
 from .losses import alignment, in_batch_accuracy, info_nce_loss, uniformity
+
+
+def in_batch_candidates(
+    anchors: Tensor, positives: Tensor, negatives: Tensor | None, gather: bool,
+) -> tuple[Tensor, Tensor]:
+    """Every anchor's candidates in the (global) batch and the column of its own positive.
+
+    Candidates are the positives of all anchors, then the hard negatives of all anchors. With
+    ``gather`` each column is gathered from every device separately, with gradient, before
+    concatenation, so the hard negatives stay aligned with their anchors and the local anchor
+    i's positive sits at ``rank * B + i``.
+
+    anchors, positives, negatives: (B, H) -> candidates (world*B [+ world*B], H), labels (B,)
+    """
+    rank, world = rank_and_world() if gather else (0, 1)
+    collect = gather_with_grad if gather else (lambda t: t)
+    keys = [collect(positives)] + ([collect(negatives)] if negatives is not None else [])
+    labels = rank * anchors.shape[0] + torch.arange(anchors.shape[0], device=anchors.device)  # (B,)
+    return torch.cat(keys), labels
+
+
+def ranking_diagnostics(anchors: Tensor, positives: Tensor, accuracy: Tensor) -> dict[str, Tensor]:
+    """What every in-batch objective logs: top-1 accuracy, and the alignment of the positive pairs and
+    uniformity of the anchors (Wang & Isola 2020), on detached embeddings."""
+    return {"accuracy": accuracy, "alignment": alignment(anchors.detach(), positives.detach()),
+            "uniformity": uniformity(anchors.detach())}
 
 
 def ranking_loss(
@@ -21,23 +48,15 @@ def ranking_loss(
     gather: bool,
     symmetric: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """Cross entropy of each anchor over every candidate in the (global) batch.
-
-    Candidates are the positives of all anchors, then the hard negatives of all anchors. With
-    ``gather`` each column is gathered from every device separately, with gradient, before
-    concatenation, so the hard negatives stay aligned with their anchors and the local anchor
-    i's positive sits at ``rank * B + i``. ``symmetric`` adds the positive -> anchor direction.
+    """Cross entropy of each anchor over every candidate in the (global) batch (``in_batch_candidates``);
+    ``symmetric`` adds the positive -> anchor direction.
 
     anchors, positives, negatives: (B, H) -> (loss, in-batch top-1 accuracy)
     """
-    rank, world = rank_and_world() if gather else (0, 1)
-    collect = gather_with_grad if gather else (lambda t: t)
-    keys = [collect(positives)] + ([collect(negatives)] if negatives is not None else [])
-    keys = torch.cat(keys)  # (world*B [+ world*B], H)
-    labels = rank * anchors.shape[0] + torch.arange(anchors.shape[0], device=anchors.device)  # (B,)
+    keys, labels = in_batch_candidates(anchors, positives, negatives, gather)  # (C, H), (B,)
     loss, logits = info_nce_loss(anchors, keys, labels, scale)  # logits (B, C)
     if symmetric:
-        back, _ = info_nce_loss(positives, collect(anchors), labels, scale)
+        back, _ = info_nce_loss(positives, gather_with_grad(anchors) if gather else anchors, labels, scale)
         loss = (loss + back) / 2
     return loss, in_batch_accuracy(logits, labels)
 
@@ -114,8 +133,7 @@ class InBatchRanking(SentenceEmbeddingModule):
             anchors, positives = embeddings[0], embeddings[1]  # (B, H) each
             negatives = embeddings[2] if len(embeddings) > 2 else None
             loss, accuracy = ranking_loss(anchors, positives, negatives, scale, self.gather_across_devices, symmetric)
-            logs.update(accuracy=accuracy, alignment=alignment(anchors.detach(), positives.detach()),
-                        uniformity=uniformity(anchors.detach()))
+            logs.update(ranking_diagnostics(anchors, positives, accuracy))
             return loss
 
         return embed_columns(self.encoder, columns, loss_fn, self.mini_batch_size), logs

@@ -5,8 +5,9 @@ from typing import Any
 
 from torch import Tensor
 
-from .base import SentenceEmbeddingModule
 from encoders.sentence import SentenceEncoder
+
+from .base import SentenceEmbeddingModule
 from .losses import triplet_loss
 
 

@@ -122,6 +122,21 @@ def test_dclr_self_as_complementary_model(tiny_model_dir):
     assert torch.isfinite(loss) and logs["masked_fraction"] > 0
 
 
+def test_dclr_without_noise_or_weighting_is_simcse(tiny_model_dir):
+    """Both share the in-batch candidates and diagnostics: with its mechanisms off DCLR is SimCSE."""
+    encoder = SentenceEncoder(tiny_model_dir, pooling="cls", mlp_head=True, mlp_only_train=True)
+    dclr = DCLR(encoder, use_noise=False, use_weighting=False)
+    simcse = SimCSE(encoder)
+    features = encoder.tokenize(["a cat sleeps", "dogs run fast", "it rains today", "the band plays"])
+    torch.manual_seed(3)
+    loss_d, logs_d = dclr.training_loss({"sentence": features})
+    torch.manual_seed(3)  # the same two dropout masks
+    loss_s, logs_s = simcse.training_loss({"sentence": features})
+    torch.testing.assert_close(loss_d, loss_s)
+    for name in ("accuracy", "alignment", "uniformity"):
+        torch.testing.assert_close(logs_d[name], logs_s[name])
+
+
 def test_batch_of_one_is_an_error(tiny_model_dir, fixtures_dir):
     dm = WikiDataModule(str(fixtures_dir / "sentences.txt"), per_device_batch_size=1)
     dm.use_tokenizer(**SentenceEncoder(tiny_model_dir).tokenization())
