@@ -164,8 +164,8 @@ class SentenceEmbeddingModule(L.LightningModule):
             {"params": [p for n, p in named if not n.endswith(no_decay)], "weight_decay": self.hparams.weight_decay},
             {"params": [p for n, p in named if n.endswith(no_decay)], "weight_decay": 0.0},
         ]
-        # The fused kernel updates all parameters in one pass: on CPU the default per-tensor loop
-        # cost ~120 ms a step on all-MiniLM-L6-v2 against ~25 ms fused (benchmarks/profile_train.py).
+        # The fused kernel updates all parameters in one pass; on CPU the default is a per-tensor
+        # loop, which docs/PERFORMANCE.md measured at several times the fused step's cost.
         fused = all(p.device.type in ("cpu", "cuda") for _, p in named)
         optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=self.hparams.lr, fused=fused or None)
         total = int(self.trainer.estimated_stepping_batches)

@@ -110,8 +110,8 @@ class FILMObjective(SentenceEmbeddingModule):
         tfidf_sublinear_tf: ``1 + log(tf)`` instead of tf.
         tfidf_stop_words: scikit-learn's English stop-word list, or none.
         solver_threads: torch threads while the solver runs (null: torch's setting). Its matrices are
-            small (anchors x r, r x d): on a busy machine more threads mostly wait for cores (on
-            2 shared cores, 1 thread made the steps ~5x faster than 2).
+            small (anchors x r, r x d): on a busy machine more threads mostly wait for cores
+            (docs/FILM.md, solver_threads).
         encode_batch_size: sentences per batch of the frozen encoder.
         encode_precision: precision of the frozen encoder when computing training/dev features
             (evaluate.py's ``--precision`` decides at evaluation).
