@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
 from pathlib import Path
@@ -28,6 +29,22 @@ def _objective_summary(objective: str | None) -> str:
         doc = ""
     first = " ".join(doc.strip().split("\n\n")[0].split())
     return f"`{name}` ({objective})" + (f": {first}" if first else "")
+
+
+def optimizer_summary(model_args: Mapping[str, Any]) -> str:
+    """The optimizer and schedule a run trained with, in words; keys the run config lacks take the
+    objective base class's defaults (runs from before ``optimizer`` existed all used AdamW)."""
+    from lightning_modules.base import SentenceEmbeddingModule
+
+    args = {name: p.default for name, p in inspect.signature(SentenceEmbeddingModule.__init__).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+    args.update({k: v for k, v in model_args.items() if k in args})
+    if args["optimizer"] == "adam":
+        text = f"Adam without weight decay (the SBERT paper's), peak lr {args['lr']:g}"
+    else:
+        text = (f"AdamW, weight decay {args['weight_decay']:g} (not on biases and LayerNorm weights), "
+                f"peak lr {args['lr']:g}")
+    return text + f"; linear warmup over {args['warmup_ratio']:.0%} of the steps, then a {args['scheduler']} schedule"
 
 
 def _yaml_value(value: Any) -> str:
@@ -92,7 +109,8 @@ def model_card(
         data = run.get("data") or {}
         trainer = run.get("trainer") or {}
         lines += [f"- Objective: {_objective_summary(checkpoint.get('objective'))}",
-                  f"- Data: `{data.get('class_path', 'not recorded')}`", ""]
+                  f"- Data: `{data.get('class_path', 'not recorded')}`",
+                  f"- Optimizer: {optimizer_summary(model_args)}", ""]
         data_args = {k: v for k, v in (data.get("init_args") or {}).items() if v is not None}
         hyper = {f"encoder.{k}": v for k, v in encoder_config.items()}
         hyper.update({f"model.{k}": v for k, v in model_args.items()})

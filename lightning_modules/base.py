@@ -30,11 +30,14 @@ class SentenceEmbeddingModule(L.LightningModule):
 
     Args:
         encoder: the sentence encoder being trained (exported on its own after training).
-        lr: peak learning rate of AdamW.
-        weight_decay: AdamW weight decay, not applied to biases and LayerNorm weights.
+        lr: peak learning rate.
+        weight_decay: AdamW's decoupled weight decay, not applied to biases and LayerNorm weights
+            (``optimizer: adam`` has none).
         warmup_ratio: fraction of all optimizer steps spent in linear warmup.
         scheduler: learning-rate shape after warmup (``transformers.get_scheduler`` names).
         alignment_threshold: rescaled gold score from which a dev pair counts as a positive pair.
+        optimizer: ``adamw`` (sentence-transformers' choice, with ``weight_decay``) or ``adam``, the
+            SBERT paper's Adam without weight decay.
     """
 
     batch_keys: tuple[str, ...] = ()
@@ -57,12 +60,15 @@ class SentenceEmbeddingModule(L.LightningModule):
         warmup_ratio: float = 0.1,
         scheduler: Literal["linear", "constant_with_warmup", "cosine"] = "linear",
         alignment_threshold: float = 0.8,
+        optimizer: Literal["adamw", "adam"] = "adamw",
     ) -> None:
         super().__init__()
         if lr <= 0:
             raise ValueError(f"lr must be positive, got {lr}")
         if not 0 <= warmup_ratio < 1:
             raise ValueError(f"warmup_ratio must be in [0, 1), got {warmup_ratio}")
+        if optimizer not in ("adamw", "adam"):
+            raise ValueError(f"optimizer must be 'adamw' or 'adam', got {optimizer!r}")
         self.save_hyperparameters(ignore=["encoder"])
         self.encoder = encoder
         self.run_config: str | None = None  # the resolved CLI config, stored in every checkpoint
@@ -167,7 +173,11 @@ class SentenceEmbeddingModule(L.LightningModule):
         # The fused kernel updates all parameters in one pass; on CPU the default is a per-tensor
         # loop, which docs/PERFORMANCE.md measured at several times the fused step's cost.
         fused = all(p.device.type in ("cpu", "cuda") for _, p in named)
-        optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=self.hparams.lr, fused=fused or None)
+        if self.hparams.get("optimizer", "adamw") == "adam":
+            groups = [{"params": [p for _, p in named], "weight_decay": 0.0}]
+            optimizer = torch.optim.Adam(groups, lr=self.hparams.lr, fused=fused or None)
+        else:
+            optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=self.hparams.lr, fused=fused or None)
         total = int(self.trainer.estimated_stepping_batches)
         scheduler = get_scheduler(
             self.hparams.scheduler, optimizer, num_warmup_steps=int(self.hparams.warmup_ratio * total),

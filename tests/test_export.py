@@ -150,6 +150,7 @@ def test_trained_run_exports_with_sts_results(tmp_path, tiny_model_dir, fixtures
     assert "lightning_modules.NLISoftmax" in card and "Reimers & Gurevych" in card
     assert f"{results['avg']:.2f}" in card and "| STS12 |" in card and "precision 32" in card
     assert "per_device_batch_size" in card and "max_steps" in card  # hyperparameters from run_config
+    assert "- Optimizer: AdamW, weight decay 0.01 (not on biases and LayerNorm weights), peak lr 0.001" in card
     assert json.loads((out / "sentence_bert_config.json").read_text())["max_seq_length"] == 128
 
     encoder, _ = encoder_from_checkpoint(ckpt)
