@@ -17,6 +17,15 @@ ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _argv_of_a_script():
+    """Tests give LightningCLI its arguments (``args=[...]``); sys.argv would otherwise still hold
+    pytest's own, and Lightning warns about getting both. Session scope: module fixtures train too."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "argv", sys.argv[:1])
+        yield
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     """A 2-layer, 32-wide BERT with random weights and all-MiniLM-L6-v2's tokenizer."""

@@ -24,7 +24,7 @@ def film_args(config: str, tmp_path: Path, fixtures: Path, *extra: str, train_so
     return [
         "--config", str(ROOT / "configs" / config),
         "--trainer.default_root_dir", str(tmp_path / "runs"),
-        "--trainer.max_steps", "12", "--trainer.val_check_interval", "5",
+        "--trainer.max_steps", "12", "--trainer.val_check_interval", "5", "--trainer.log_every_n_steps", "1",
         "--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false",
         "--data.init_args.train_sources", f"[{train_source or fixtures / 'nli' / 'train.tsv'}]",
         "--data.init_args.sts_dir", str(fixtures / "sts"),
