@@ -59,12 +59,46 @@ def encoder_from_checkpoint(path: str) -> tuple[nn.Module, dict]:
     if name not in encoder_classes():
         raise CheckpointError(f"{path}: encoder class {name!r} is not one of this project's {sorted(encoder_classes())}")
     encoder = encoder_classes()[name].from_checkpoint_config(config)
+    load_encoder_weights(encoder, _encoder_state(checkpoint), path)
+    encoder.eval()
+    return encoder, checkpoint
+
+
+def _encoder_state(checkpoint: dict) -> dict:
     prefix = "encoder."
-    state = {k[len(prefix):]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
+    return {k[len(prefix):]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
+
+
+def load_encoder_weights(encoder: nn.Module, state: dict, path: str) -> None:
+    """Load a checkpoint's encoder weights; every weight must find its place."""
     missing, unexpected = encoder.load_state_dict(state, strict=False)
     # Position-id buffers are rebuilt by the model; anything else missing is an error.
     missing = [k for k in missing if not k.endswith("position_ids")]
     if missing or unexpected:
         raise CheckpointError(f"{path}: encoder weights do not match its config (missing {missing[:3]}, unexpected {unexpected[:3]})")
-    encoder.eval()
-    return encoder, checkpoint
+
+
+START_ARCHITECTURE = ("pooling", "mlp_head", "mlp_only_train", "projection_dim")
+
+
+def sentence_encoder_start(path: str, architecture: dict) -> tuple[str, dict]:
+    """What a ``SentenceEncoder`` named by a checkpoint of this project starts from: the transformer
+    the checkpoint was built on (its ``model_name``) and the trained encoder weights.
+
+    ``architecture`` (pooling and heads, ``START_ARCHITECTURE``) must be the checkpoint's: a
+    continued run that pooled differently would start from weights trained for another sentence
+    vector, so a difference is an error that names the setting to change.
+    """
+    checkpoint = load_checkpoint(path)
+    if "encoder_config" not in checkpoint or "state_dict" not in checkpoint:
+        raise CheckpointError(f"{path}: not a checkpoint of this project (no encoder_config/state_dict)")
+    config = checkpoint["encoder_config"]
+    name = checkpoint.get("encoder_class") or ("FILMEncoder" if config.get("type") == "film" else "SentenceEncoder")
+    if name != "SentenceEncoder":
+        raise CheckpointError(f"{path}: holds a {name}; a SentenceEncoder starts only from a SentenceEncoder's checkpoint")
+    for key in START_ARCHITECTURE:
+        trained = config.get(key, False if key.startswith("mlp") else None)
+        if architecture[key] != trained:
+            raise CheckpointError(f"{path}: was trained with {key} {trained!r}, this encoder asks for "
+                                  f"{architecture[key]!r}; set encoder.init_args.{key}: {trained} to start from it")
+    return config["model_name"], _encoder_state(checkpoint)

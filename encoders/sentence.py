@@ -29,7 +29,9 @@ class SentenceEncoder(nn.Module):
     Lightning keeps each submodule's mode, which would switch dropout off during training.
 
     Args:
-        model_name: hub name or local directory of a Hugging Face encoder.
+        model_name: hub name or local directory of a Hugging Face encoder, or a ``.ckpt`` of this
+            project's ``train.py``: its trained encoder weights, on the transformer it was built from
+            (pooling and heads must be the checkpoint's; an error says which differs).
         pooling: how token states become one sentence vector.
         max_seq_length: truncation length for training batches (evaluation uses the model's maximum).
         mlp_head: add a Linear+Tanh head (SimCSE's MLP) after ``cls`` pooling.
@@ -62,6 +64,18 @@ class SentenceEncoder(nn.Module):
             raise ValueError(f"mlp_head applies on top of cls pooling, but pooling is {pooling!r}")
         if max_seq_length < 2:
             raise ValueError(f"max_seq_length must be at least 2, got {max_seq_length}")
+        start_state, start_source = None, None
+        if model_name.endswith(".ckpt"):
+            # A second training step (SBERT: STS-B after NLI) starts from a run of this project: the
+            # checkpoint's encoder weights on the transformer it was built from, which is what the
+            # config records, so this run's own checkpoints never need the first one.
+            from .checkpoint import sentence_encoder_start
+
+            architecture = dict(pooling=pooling, mlp_head=mlp_head, mlp_only_train=mlp_only_train,
+                                projection_dim=projection_dim)
+            start_source = model_name
+            model_name, start_state = sentence_encoder_start(model_name, architecture)
+            pretrained = False
         self.config_dict: dict[str, Any] = dict(
             model_name=model_name, pooling=pooling, max_seq_length=max_seq_length, mlp_head=mlp_head,
             mlp_only_train=mlp_only_train, projection_dim=projection_dim, freeze_transformer=freeze_transformer,
@@ -95,6 +109,10 @@ class SentenceEncoder(nn.Module):
         if freeze_transformer:
             self.transformer.requires_grad_(False)
             self.transformer.eval()
+        if start_state is not None:
+            from .checkpoint import load_encoder_weights
+
+            load_encoder_weights(self, start_state, start_source)
 
     def train(self, mode: bool = True) -> "SentenceEncoder":
         super().train(mode)
