@@ -17,10 +17,17 @@ $(STAMP): setup.cfg pyproject.toml
 
 install: $(STAMP)
 
+# The table is a smoke test on the fixture sample; the last lines say so and give the real command.
 quickstart: $(STAMP)
 	$(PYTHON) train.py --config configs/quickstart.yaml
-	$(PYTHON) evaluate.py --sts_dir tests/fixtures/sts \
-		--ckpt_path "$$(ls -t runs/quickstart/lightning_logs/*/checkpoints/best-*.ckpt | head -n 1)"
+	@ckpt="$$(ls -t runs/quickstart/lightning_logs/*/checkpoints/best-*.ckpt | head -n 1)"; \
+	echo "$(PYTHON) evaluate.py --sts_dir tests/fixtures/sts --ckpt_path $$ckpt"; \
+	$(PYTHON) evaluate.py --sts_dir tests/fixtures/sts --ckpt_path "$$ckpt" && \
+	echo "" && \
+	echo "This table was computed on the fixture sample (tests/fixtures/sts, a few dozen pairs per task):" && \
+	echo "it shows that the pipeline runs, and is not comparable with the papers' figures." && \
+	echo "To score this model on the real STS data:" && \
+	echo "  python evaluate.py --ckpt_path $$ckpt --sts_dir ../shared/data/sts"
 
 test: $(STAMP)
 	$(PYTHON) -m pytest -q -ra tests
