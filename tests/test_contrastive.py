@@ -54,7 +54,7 @@ def test_dclr_noise_ascent_builds_no_graph_into_the_encoder(tiny_model_dir):
     model = DCLR(encoder, complementary_model=tiny_model_dir, phi=0.9)
     features = encoder.tokenize(["a cat sleeps", "dogs run fast", "it rains today", "the band plays"])
     calls = []
-    handle = encoder.transformer.register_full_backward_hook(lambda *a: calls.append(1))
+    handle = encoder.transformer.embeddings.register_full_backward_hook(lambda *a: calls.append(1))
     model.training_loss({"sentence": features})  # noise ascent runs inside, with autograd.grad on the noise only
     handle.remove()
     assert calls == []
