@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="cells trained at the same time")
     parser.add_argument("--threads", type=int, default=None, help="torch threads of each cell")
     parser.add_argument("--eval_precision", default="bf16", choices=["32", "bf16", "16"])
+    parser.add_argument("--table_only", action="store_true", help="print the table of what has finished; run nothing")
     args = parser.parse_args(argv)
     for o in args.set:
         if "=" not in o:
@@ -172,8 +173,11 @@ def main(argv: list[str] | None = None) -> int:
             cell = args.out / label / f"seed{seed}"
             rows.setdefault(label, []).append(cell)
             jobs.append((cell, assignment, seed))
-    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        outcomes = list(pool.map(lambda job: run_cell(args, *job), jobs))
+    outcomes = []
+    if not args.table_only:
+        with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+            outcomes = list(pool.map(lambda job: run_cell(args, *job), jobs))
+    args.out.mkdir(parents=True, exist_ok=True)
     text = table(rows)
     (args.out / "table.md").write_text(text + "\n")
     print(text)
