@@ -236,37 +236,41 @@ def main(argv: list[str] | None = None) -> dict:
     film_tfidf_emb = {s: torch.as_tensor(film_tfidf.transform(x.T.tocsc())) for s, x in sparse.items()}  # (n, d)
 
     prior = float(y["train"].mean())
-    majority = int(prior >= 0.5)
+    majority, ks = int(prior >= 0.5), args.k_candidates
+    constant = {s: (np.full(len(y[s]), majority), np.full(len(y[s]), prior)) for s in ("val", "test")}
     rows = [{"method": "majority class of train", "choice": "-",
-             "val_log_loss": metrics(y["val"], np.full(len(y["val"]), majority), np.full(len(y["val"]), prior))["log_loss"],
-             **metrics(y["test"], np.full(len(y["test"]), majority), np.full(len(y["test"]), prior)), "fit_s": 0.0}]
-    timed = [("TF-IDF cosine, tuned threshold", lambda: cosine_row("TF-IDF cosine, tuned threshold", tfidf, idx, y),
-              ["TF-IDF fit (train sentences)"]),
-             ("TF-IDF kNN, no metric", lambda: knn_row("TF-IDF kNN, no metric", tfidf, idx, y, args.k_candidates),
-              ["TF-IDF fit (train sentences)"]),
-             ("M-FILM over TF-IDF, kNN", lambda: knn_row(f"M-FILM over TF-IDF (d {args.tfidf_dim}), kNN", film_tfidf_emb,
-                                                         idx, y, args.k_candidates),
-              ["TF-IDF fit (train sentences)", "triplets (components of the positive pairs)", "M-FILM fit over TF-IDF"])]
+             "val_log_loss": metrics(y["val"], *constant["val"])["log_loss"],
+             **metrics(y["test"], *constant["test"]), "fit_s": 0.0}]
+    # (step label, method, cosine or kNN, features, the steps it needs): evaluated last, once every fit is timed
+    fit_tfidf, fit_triplets = "TF-IDF fit (train sentences)", "triplets (components of the positive pairs)"
+    evaluations = [
+        ("TF-IDF cosine, tuned threshold", "TF-IDF cosine, tuned threshold", "cosine", tfidf, [fit_tfidf]),
+        ("TF-IDF kNN, no metric", "TF-IDF kNN, no metric", "knn", tfidf, [fit_tfidf]),
+        ("M-FILM over TF-IDF, kNN", f"M-FILM over TF-IDF (d {args.tfidf_dim}), kNN", "knn", film_tfidf_emb,
+         [fit_tfidf, fit_triplets, "M-FILM fit over TF-IDF"]),
+    ]
     if args.model != "none":
         from encoders.sentence import SentenceEncoder
 
         name = args.model.rstrip("/").split("/")[-1]
-        with step(f"{name}: load and encode every split"):
+        encode, fit_enc = f"{name}: load and encode every split", f"M-FILM fit over {name}"
+        with step(encode):
             encoder = SentenceEncoder(args.model).eval()
             frozen = {s: encoder.encode(sentences[s], batch_size=64, precision=args.precision).double() for s in SPLITS}
-        with step(f"M-FILM fit over {name}"):
+        with step(fit_enc):
             film_enc = fit_film(frozen["train"].T, triplets, args.encoder_dim, args.encoder_rank, args)
-        film_enc_emb = {s: film_enc.transform(frozen[s].T) for s in ("val", "test")}
-        encode = f"{name}: load and encode every split"
-        timed += [(f"{name} cosine", lambda: cosine_row(f"{name} cosine, tuned threshold", frozen, idx, y), [encode]),
-                  (f"{name} kNN", lambda: knn_row(f"{name} kNN, no metric", frozen, idx, y, args.k_candidates), [encode]),
-                  (f"M-FILM over {name}", lambda: knn_row(f"M-FILM over {name} (d {args.encoder_dim}), kNN", film_enc_emb,
-                                                          idx, y, args.k_candidates),
-                   [encode, "triplets (components of the positive pairs)", f"M-FILM fit over {name}"])]
-    for label, run, fit_steps in timed:
-        with step(f"{label}: choose on validation, label test"):
-            row = run()
-        row["fit_s"] = sum(step.seconds[s] for s in fit_steps) + step.seconds[f"{label}: choose on validation, label test"]
+        film_enc_emb = {s: film_enc.transform(frozen[s].T) for s in ("val", "test")}  # (n, d)
+        evaluations += [
+            (f"{name} cosine", f"{name} cosine, tuned threshold", "cosine", frozen, [encode]),
+            (f"{name} kNN", f"{name} kNN, no metric", "knn", frozen, [encode]),
+            (f"M-FILM over {name}", f"M-FILM over {name} (d {args.encoder_dim}), kNN", "knn", film_enc_emb,
+             [encode, fit_triplets, fit_enc]),
+        ]
+    for label, method, kind, emb, needs in evaluations:
+        own = f"{label}: choose on validation, label test"
+        with step(own):
+            row = cosine_row(method, emb, idx, y) if kind == "cosine" else knn_row(method, emb, idx, y, ks)
+        row["fit_s"] = sum(step.seconds[s] for s in needs) + step.seconds[own]
         rows.append(row)
 
     table = fmt_table(rows, step.seconds)
