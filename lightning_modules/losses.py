@@ -8,19 +8,26 @@ temperature-scaled cosines and ``log(1 - softmax)`` lose too much in 16-bit.
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, Sequence, get_args
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 
-def sbert_pair_features(u: Tensor, v: Tensor) -> Tensor:
-    """SBERT's classifier input ``[u; v; |u - v|]`` (Reimers & Gurevych 2019, eq. 1).
+PairFeature = Literal["u", "v", "abs_diff", "prod"]
+PAIR_FEATURES: tuple[str, ...] = get_args(PairFeature)
 
-    u, v: (B, H) -> (B, 3H)
+
+def sbert_pair_features(u: Tensor, v: Tensor, features: Sequence[str] = ("u", "v", "abs_diff")) -> Tensor:
+    """SBERT's classifier input: the concatenation, in the order given, of ``u``, ``v``, ``abs_diff``
+    (``|u - v|``) and ``prod`` (``u * v``). The default is the paper's ``[u; v; |u - v|]``
+    (Reimers & Gurevych 2019, eq. 1); its Table 6 ablates the others.
+
+    u, v: (B, H) -> (B, len(features) * H)
     """
-    return torch.cat([u, v, (u - v).abs()], dim=-1)
+    parts = {"u": lambda: u, "v": lambda: v, "abs_diff": lambda: (u - v).abs(), "prod": lambda: u * v}
+    return torch.cat([parts[f]() for f in features], dim=-1)
 
 
 def cosine_mse_loss(u: Tensor, v: Tensor, target: Tensor) -> Tensor:

@@ -1,29 +1,16 @@
 """SBERT's NLI classification objective."""
 from __future__ import annotations
 
-from typing import Any, Literal, Sequence, get_args
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import SentenceEmbeddingModule
 from encoders.sentence import SentenceEncoder
 
-PairFeature = Literal["u", "v", "abs_diff", "prod"]
-PAIR_FEATURES: tuple[str, ...] = get_args(PairFeature)
-
-
-def pair_features(u: Tensor, v: Tensor, features: Sequence[str] = ("u", "v", "abs_diff")) -> Tensor:
-    """The classifier input: the concatenation, in the order given, of ``u``, ``v``, ``abs_diff``
-    (``|u - v|``) and ``prod`` (``u * v``). SBERT's default ``[u; v; |u - v|]`` (Reimers & Gurevych
-    2019, eq. 1) equals ``losses.sbert_pair_features``; the paper's Table 6 ablates the others.
-
-    u, v: (B, H) -> (B, len(features) * H)
-    """
-    parts = {"u": lambda: u, "v": lambda: v, "abs_diff": lambda: (u - v).abs(), "prod": lambda: u * v}
-    return torch.cat([parts[f]() for f in features], dim=-1)
-
+from .base import SentenceEmbeddingModule
+from .losses import PAIR_FEATURES, PairFeature, sbert_pair_features
 
 class NLISoftmax(SentenceEmbeddingModule):
     """Softmax classifier over ``[u; v; |u - v|]`` with cross-entropy (Reimers & Gurevych, EMNLP 2019).
@@ -63,7 +50,7 @@ class NLISoftmax(SentenceEmbeddingModule):
         u = self.encoder(batch["sentence1"])  # (B, H)
         v = self.encoder(batch["sentence2"])  # (B, H)
         with torch.autocast(u.device.type, enabled=False):
-            logits = self.classifier(pair_features(u.float(), v.float(), self.features))  # (B, num_labels)
+            logits = self.classifier(sbert_pair_features(u.float(), v.float(), self.features))  # (B, num_labels)
             loss = F.cross_entropy(logits, batch["label"])
         accuracy = (logits.argmax(-1) == batch["label"]).float().mean()
         return loss, {"accuracy": accuracy}

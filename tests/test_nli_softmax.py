@@ -8,8 +8,7 @@ import torch
 
 from encoders.sentence import SentenceEncoder
 from lightning_modules import NLISoftmax
-from lightning_modules.losses import sbert_pair_features
-from lightning_modules.nli_softmax import PAIR_FEATURES, pair_features
+from lightning_modules.losses import PAIR_FEATURES, sbert_pair_features
 
 U = torch.tensor([[1.0, -2.0], [0.5, 3.0]])  # (B=2, H=2)
 V = torch.tensor([[4.0, 1.0], [0.5, -1.0]])
@@ -21,11 +20,11 @@ COMBINATIONS = [list(c) for r in range(1, 5) for c in itertools.permutations(PAI
 @pytest.mark.parametrize("features", COMBINATIONS, ids="-".join)
 def test_each_combination_computes_what_it_says(features):
     expected = torch.cat([torch.tensor(BY_HAND[f]) for f in features], dim=-1)  # (2, 2 * len)
-    assert torch.equal(pair_features(U, V, features), expected)
+    assert torch.equal(sbert_pair_features(U, V, features), expected)
 
 
 def test_default_is_sberts_u_v_abs_diff():
-    assert torch.equal(pair_features(U, V), sbert_pair_features(U, V))
+    assert torch.equal(sbert_pair_features(U, V), torch.cat([U, V, (U - V).abs()], dim=-1))
 
 
 @pytest.fixture(scope="module")
