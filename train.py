@@ -1,6 +1,8 @@
 """Train any objective: ``python train.py --config configs/X.yaml [--trainer.max_steps 200 ...]``."""
 from __future__ import annotations
 
+import torch
+
 from harness.cli import SentenceCLI, check_output_dirs, exit_on_user_error, resolve_resume
 
 
@@ -19,6 +21,10 @@ def main(args: list[str] | None = None) -> SentenceCLI:
         print(f"run directory:   {log_dir}")
         print(f"best checkpoint: {callback.best_model_path} ({callback.monitor} = {float(callback.best_model_score or 0):.2f})")
         print(f"tensorboard:     tensorboard --logdir {log_dir}")
+    # Tear the process group down before exit: left to interpreter shutdown, a DDP rank's gloo threads
+    # could outlive it and abort the process ("terminate called without an active exception").
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     return cli
 
 
