@@ -21,6 +21,7 @@ from datamodules.io import DataError
 from encoders.hub import ModelResolutionError
 from lightning_modules.base import SentenceEmbeddingModule
 
+from .allocator import keep_freed_memory
 from .callbacks import (NonFiniteLossError, PeriodicCheckpoint, Preemption, RandomState, SaveFinalState,
                         StopOnNonFiniteLoss, checkpoint_dirs)
 from .checkpoint import AtomicCheckpointIO, CheckpointError, CheckpointWriteError, load_checkpoint, newest_checkpoint
@@ -79,6 +80,9 @@ class SentenceCLI(LightningCLI):
         parser.add_argument("--ddp_timeout_minutes", type=float, default=15.0,
                             help="DDP: how long a rank waits in a collective before the job fails, which bounds "
                                  "the hang when another rank dies (raise it if prepare_data downloads take longer)")
+        parser.add_argument("--keep_freed_memory", type=bool, default=True,
+                            help="glibc: keep freed memory in the process instead of unmapping it and faulting it "
+                                 "back in every step (harness/allocator.py); false keeps malloc's defaults")
         parser.add_lightning_class_args(ModelCheckpoint, "checkpoint")
         parser.add_lightning_class_args(SaveFinalState, "save_final_state")
         parser.add_lightning_class_args(PeriodicCheckpoint, "last_checkpoint")
@@ -96,6 +100,8 @@ class SentenceCLI(LightningCLI):
         })
 
     def instantiate_classes(self) -> None:
+        if self.config.get("keep_freed_memory"):
+            keep_freed_memory()  # before the model exists: its buffers come from the kept heap
         super().instantiate_classes()
         # The data tokenizes for the model: its tokenizer and lengths come from the encoder, set once.
         tokenization = getattr(self.model.encoder, "tokenization", None)
