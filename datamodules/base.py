@@ -103,6 +103,7 @@ class SentenceDataModule(L.LightningDataModule):
         self.tokenizer = None
         self.max_length: int | None = None
         self.eval_max_length: int | None = None
+        self.pad_to_multiple_of = 1
         self.unique_sentences = False  # set from the objective (check_objective)
         self.train_dataset: datasets.Dataset | None = None
         self.val_datasets: dict[str, datasets.Dataset] = {}
@@ -125,10 +126,13 @@ class SentenceDataModule(L.LightningDataModule):
         return (*self.text_columns, *self.label_columns)
 
     # -- wiring: the model's tokenizer, and the objective's contract ------------------------
-    def use_tokenizer(self, tokenizer: Any, max_length: int, eval_max_length: int) -> None:
+    def use_tokenizer(self, tokenizer: Any, max_length: int, eval_max_length: int, pad_to_multiple_of: int = 1) -> None:
         """Tokenize with the model's tokenizer: training rows truncated at ``max_length``, dev pairs at
-        ``eval_max_length`` (the model's maximum). ``SentenceEncoder.tokenization()`` gives all three."""
+        ``eval_max_length`` (the model's maximum), batch widths rounded up to a multiple of
+        ``pad_to_multiple_of`` (a compiled encoder's shape buckets). ``SentenceEncoder.tokenization()``
+        gives them all."""
         self.tokenizer, self.max_length, self.eval_max_length = tokenizer, max_length, eval_max_length
+        self.pad_to_multiple_of = pad_to_multiple_of
 
     def check_objective(self, objective: Any) -> None:
         """Fail, naming both classes, when ``objective`` cannot train on this module's batches; take its
@@ -231,7 +235,8 @@ class SentenceDataModule(L.LightningDataModule):
         return list(self.val_datasets)
 
     def _collator(self, text_columns: Sequence[str], label_columns: Sequence[str]) -> PadCollator:
-        return PadCollator(text_columns, self._require_tokenizer().pad_token_id or 0, label_columns)
+        return PadCollator(text_columns, self._require_tokenizer().pad_token_id or 0, label_columns,
+                           self.pad_to_multiple_of)
 
     def train_dataloader(self) -> DataLoader:
         if self._resumed_position:

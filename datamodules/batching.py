@@ -13,10 +13,12 @@ from torch.utils.data import Sampler
 log = logging.getLogger(__name__)
 
 
-def pad_token_ids(rows: Sequence[Sequence[int]], pad_id: int) -> dict[str, torch.Tensor]:
+def pad_token_ids(rows: Sequence[Sequence[int]], pad_id: int, multiple: int = 1) -> dict[str, torch.Tensor]:
     """Right-padded ``input_ids`` and ``attention_mask`` (B, L) from token id lists: the one padding
-    rule of training batches, validation batches and ``SentenceEncoder.encode``."""
+    rule of training batches, validation batches and ``SentenceEncoder.encode``. ``multiple`` rounds
+    the width L up to a multiple of it, so a compiled model sees few distinct shapes."""
     width = max(len(r) for r in rows)
+    width = -(-width // multiple) * multiple
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # (B, L)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     for i, r in enumerate(rows):
@@ -29,18 +31,22 @@ class PadCollator:
     """Pads pre-tokenized columns into ``{column: {"input_ids", "attention_mask"}}`` (B, L) tensors.
 
     ``text_columns`` are tokenized columns stored as ``<column>_ids``; ``label_columns`` are
-    copied into tensors (integer labels as long, scores as float).
+    copied into tensors (integer labels as long, scores as float); widths are rounded up to a
+    multiple of ``pad_to_multiple_of``.
     """
 
-    def __init__(self, text_columns: Sequence[str], pad_token_id: int, label_columns: Sequence[str] = ()) -> None:
+    def __init__(self, text_columns: Sequence[str], pad_token_id: int, label_columns: Sequence[str] = (),
+                 pad_to_multiple_of: int = 1) -> None:
         self.text_columns = list(text_columns)
         self.pad_token_id = pad_token_id
         self.label_columns = list(label_columns)
+        self.pad_to_multiple_of = pad_to_multiple_of
 
     def __call__(self, rows: list[dict[str, Any]]) -> dict[str, Any]:
         batch: dict[str, Any] = {}
         for column in self.text_columns:
-            batch[column] = pad_token_ids([row[f"{column}_ids"] for row in rows], self.pad_token_id)
+            batch[column] = pad_token_ids([row[f"{column}_ids"] for row in rows], self.pad_token_id,
+                                          self.pad_to_multiple_of)
         for column in self.label_columns:
             values = [row[column] for row in rows]
             dtype = torch.long if isinstance(values[0], int) else torch.float

@@ -43,6 +43,14 @@ class SentenceEncoder(nn.Module):
         pretrained: load pretrained weights; False builds the architecture from the config with
             random weights (tests, throughput benchmarks, rebuilding from a checkpoint).
         trust_remote_code: allow the model repository's own code; off unless a config turns it on.
+        compile: run the transformer's training forward and backward through ``torch.compile``
+            (inductor, static shapes), each repeated layer compiled once for all of them (regional
+            compilation; a transformer without a repeated layer list is compiled whole), at the
+            first training step of each shape. Evaluation and ``encode`` stay eager: their shapes
+            vary too much to pay a compile each.
+        pad_to_multiple_of: round every batch's width up to a multiple of this, so a compiled
+            transformer meets at most ``ceil(max_seq_length / pad_to_multiple_of)`` widths (each one
+            compiled once); None = 16 when compiling, else 1 (pad to the longest row only).
     """
 
     def __init__(
@@ -56,6 +64,8 @@ class SentenceEncoder(nn.Module):
         freeze_transformer: bool = False,
         pretrained: bool = True,
         trust_remote_code: bool = False,
+        compile: bool = False,
+        pad_to_multiple_of: int | None = None,
     ) -> None:
         super().__init__()
         if pooling not in POOLINGS:
@@ -64,6 +74,10 @@ class SentenceEncoder(nn.Module):
             raise ValueError(f"mlp_head applies on top of cls pooling, but pooling is {pooling!r}")
         if max_seq_length < 2:
             raise ValueError(f"max_seq_length must be at least 2, got {max_seq_length}")
+        if pad_to_multiple_of is None:
+            pad_to_multiple_of = self.COMPILE_BUCKET if compile else 1
+        if pad_to_multiple_of < 1:
+            raise ValueError(f"pad_to_multiple_of must be positive, got {pad_to_multiple_of}")
         start_state, start_source = None, None
         if model_name.endswith(".ckpt"):
             # A second training step (SBERT: STS-B after NLI) starts from a run of this project: the
@@ -79,7 +93,7 @@ class SentenceEncoder(nn.Module):
         self.config_dict: dict[str, Any] = dict(
             model_name=model_name, pooling=pooling, max_seq_length=max_seq_length, mlp_head=mlp_head,
             mlp_only_train=mlp_only_train, projection_dim=projection_dim, freeze_transformer=freeze_transformer,
-            trust_remote_code=trust_remote_code,
+            trust_remote_code=trust_remote_code, compile=compile, pad_to_multiple_of=pad_to_multiple_of,
         )
         if projection_dim is not None and projection_dim < 1:
             raise ValueError(f"projection_dim must be positive, got {projection_dim}")
@@ -101,6 +115,10 @@ class SentenceEncoder(nn.Module):
             pooler.requires_grad_(False)
         self.pooling = pooling
         self.max_seq_length = max_seq_length
+        self.compile_transformer = compile  # not ``self.compile``: that is nn.Module's own method
+        self.pad_to_multiple_of = pad_to_multiple_of
+        if compile:
+            self._compile_layers()
         self.mlp_only_train = mlp_only_train
         hidden = self.transformer.config.hidden_size
         self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh()) if mlp_head else None
@@ -134,7 +152,8 @@ class SentenceEncoder(nn.Module):
 
     def tokenization(self) -> dict[str, Any]:
         """What a DataModule needs to tokenize for this encoder (``SentenceDataModule.use_tokenizer``)."""
-        return {"tokenizer": self.tokenizer, "max_length": self.max_seq_length, "eval_max_length": self.eval_max_length}
+        return {"tokenizer": self.tokenizer, "max_length": self.max_seq_length, "eval_max_length": self.eval_max_length,
+                "pad_to_multiple_of": self.pad_to_multiple_of}
 
     def tokenize(self, sentences: Sequence[str], train: bool = True) -> dict[str, Tensor]:
         """Padded tensors for a list of sentences, truncated as training or evaluation requires."""
@@ -151,7 +170,9 @@ class SentenceEncoder(nn.Module):
 
     def _pool(self, features: dict[str, Tensor]) -> Tensor:
         mask = features["attention_mask"]
-        out = self.transformer(input_ids=features["input_ids"], attention_mask=mask)
+        eager = self.compile_transformer and not self.training
+        with torch.compiler.set_stance("force_eager") if eager else contextlib.nullcontext():
+            out = self.transformer(input_ids=features["input_ids"], attention_mask=mask)
         tokens = out.last_hidden_state  # (B, L, H)
         if self.pooling == "mean":
             m = mask.unsqueeze(-1).to(tokens.dtype)  # (B, L, 1)
@@ -161,6 +182,26 @@ class SentenceEncoder(nn.Module):
         cls = tokens[:, 0]  # (B, H)
         use_head = self.mlp is not None and self.pooling == "cls" and (self.training or not self.mlp_only_train)
         return self.mlp(cls) if use_head else cls
+
+    COMPILE_BUCKET = 16  # the default width multiple of a compiled transformer
+
+    def _compile_layers(self) -> None:
+        """``nn.Module.compile`` on each layer of the transformer's largest list of same-class layers
+        (the whole transformer when it has none): one compiled graph per shape, shared by the layers
+        (their weights are graph inputs), in place, so parameter names and state_dict keep theirs."""
+        import torch._dynamo
+
+        lists = [m for m in self.transformer.modules() if isinstance(m, nn.ModuleList) and len(m) > 1
+                 and len({type(x) for x in m}) == 1]
+        layers = max(lists, key=lambda m: sum(p.numel() for p in m.parameters()), default=[self.transformer])
+        for layer in layers:
+            layer.compile(dynamic=False)
+        # Each (batch, width) shape is compiled once. Widths: one per bucket; batch sizes: the
+        # objective's one or two, plus an epoch's last batch. Dynamo's default of 8 graphs per
+        # function would fall back to eager for long max lengths.
+        buckets = -(-self.max_seq_length // self.pad_to_multiple_of)
+        config = torch._dynamo.config
+        config.recompile_limit = max(config.recompile_limit, 4 * buckets)
 
     encode_chunk = 1 << 16  # sentences tokenized (and length-sorted) together by encode()
 
