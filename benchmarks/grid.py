@@ -37,10 +37,12 @@ DEV = ("stsb", "sickr")
 
 
 def parse_vary(spec: str) -> tuple[str, list[str]]:
+    """``KEY=V1,V2,...``; values that hold commas themselves (lists) are separated by ``;`` instead:
+    ``model.init_args.features=[u,v];[abs_diff,prod]``."""
     key, sep, values = spec.partition("=")
     if not sep or not key or not values:
-        raise SystemExit(f"error: --vary {spec!r}: expected KEY=V1,V2,...")
-    return key, [v.strip() for v in values.split(",") if v.strip()]
+        raise SystemExit(f"error: --vary {spec!r}: expected KEY=V1,V2,... (or KEY=V1;V2;... for list values)")
+    return key, [v.strip() for v in values.split(";" if ";" in values else ",") if v.strip()]
 
 
 def cell_label(assignment: dict[str, str]) -> str:

@@ -60,7 +60,12 @@ def profile_ours(args):
         def on_train_end(self, trainer, module):
             ops.__exit__(None, None, None)
 
-    rate = run_ours(args, group_by_length=False, callbacks=(Window(),), profiler=simple)["steps_per_s"]
+    if args.keep_freed_memory:  # as train.py does by default
+        from harness.allocator import keep_freed_memory
+
+        keep_freed_memory()
+    rate = run_ours(args, group_by_length=False, callbacks=(Window(),), profiler=simple,
+                    compile=args.compile)["steps_per_s"]
     durations = simple.recorded_durations
     total = lambda action: 1000 * sum(durations.get(action, [])) / args.steps  # noqa: E731
     step_ms = total("run_training_batch")
@@ -105,6 +110,9 @@ def main() -> None:
     parser.add_argument("--precision", choices=["bf16", "32"], default="bf16")
     parser.add_argument("--steps", type=int, default=6, help="profiled steps")
     parser.add_argument("--warmup_steps", type=int, default=2)
+    parser.add_argument("--compile", action="store_true", help="ours with model.encoder.compile")
+    parser.add_argument("--keep_freed_memory", type=int, choices=[0, 1], default=1,
+                        help="ours with glibc's freed memory kept, as train.py runs (1) or malloc's defaults (0)")
     parser.add_argument("--top", type=int, default=15, help="operators to print")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=42)

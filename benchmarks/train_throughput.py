@@ -1,25 +1,30 @@
-"""Optimizer steps/s: our MNR (Lightning) vs sentence-transformers' trainer with MultipleNegativesRankingLoss.
+"""Optimizer steps/s: our MNR (Lightning) vs sentence-transformers' trainer, and ours against itself.
 
 Same model (offline all-MiniLM-L6-v2, mean pooling), same pairs (the entailment pairs of
 ``DIR/nli/snli.test.tsv``), same batch size, max length, precision, AdamW (lr 2e-5, weight decay
-0.01, 10% linear warmup), scale 20, one process. Two settings:
+0.01, 10% linear warmup), scale 20. ``--compare`` picks what is timed:
 
-- ``identical batches``: our sampler's no-duplicate batches (no length grouping), and theirs
-  handed exactly those batches in that order (a ``batch_sampler`` callable, their documented hook);
-- ``own batching``: ours with ``group_by_length`` (length-grouped, no duplicates); theirs with
-  its recommended sampler for this loss, ``NO_DUPLICATES`` (it has no length grouping).
+- ``peer``: ours as ``train.py`` runs it against theirs, in two settings. ``identical batches``:
+  our sampler's no-duplicate batches (no length grouping), and theirs handed exactly those batches
+  in that order (a ``batch_sampler`` callable, their documented hook). ``own batching``: ours with
+  ``group_by_length``; theirs with its recommended sampler for this loss, ``NO_DUPLICATES``.
+- ``allocator``: on identical batches, ours with glibc's malloc defaults against ours as shipped
+  (``harness/allocator.py``: freed memory kept), and theirs as shipped against theirs with the
+  same two ``mallopt`` calls: the tax is glibc's, not either codebase's.
+- ``compile``: on identical batches, ours eager against ours with ``model.encoder.compile``
+  (widths bucketed to multiples of 16). The compiled program first compiles every shape training
+  can meet (one forward and backward per width bucket, timed as its compile seconds), so its timed
+  steps are steady-state ones; the table adds the steps after which compiling has paid for itself.
+  ``peer`` has the compiled program too, against theirs and against ours eager.
 
-Each repetition trains a fresh copy of each for ``--warmup_steps + --steps`` steps, in turns (the
-order rotated), each in a FRESH PROCESS as a user's run is: in one long process whichever program
-ran first paid ~0.3 s a step of kernel time in page faults (glibc malloc returning and re-faulting
-the large autograd buffers, ~45k minor faults a step against ~23k once the heap had grown), which
-made the order, not the code, decide the ratio. steps/s is taken over the last ``--steps`` steps
-from the trainers' own step-end hooks, so start-up (model load, tokenization, data set-up) is
-excluded; minor page faults and kernel seconds per step are reported over the same steps.
-Reported: the median of the per-repetition ratio ours/theirs. The ``datasets`` cache is a
-temporary directory.
+Each repetition runs every program once, in turns (the order rotated), each in a FRESH PROCESS as a
+user's run is (in one long process the order, not the code, decided the ratio: whichever ran
+first paid the allocator's page faults). steps/s is taken over the last ``--steps`` steps from the
+trainers' own step-end hooks, so start-up (model load, tokenization, data set-up) is excluded;
+minor page faults and kernel seconds per step are reported over the same steps. Reported: the
+median of the per-repetition ratios. The ``datasets`` cache is a temporary directory.
 
-    python benchmarks/train_throughput.py --data_dir /work/shared/data [--precision bf16] [--reps 3]
+    python benchmarks/train_throughput.py --data_dir /work/shared/data [--compare peer|allocator|compile]
 """
 from __future__ import annotations
 
@@ -76,7 +81,7 @@ def ours_datamodule(args, encoder, group_by_length: bool):
     return dm
 
 
-def run_ours(args, group_by_length: bool, callbacks: tuple = (), profiler=None) -> dict[str, float]:
+def run_ours(args, group_by_length: bool, callbacks: tuple = (), profiler=None, compile: bool = False) -> dict:
     import lightning as L
     import torch
 
@@ -84,9 +89,10 @@ def run_ours(args, group_by_length: bool, callbacks: tuple = (), profiler=None) 
     from lightning_modules.mnr import MNR
 
     torch.manual_seed(args.seed)
-    encoder = SentenceEncoder(MODEL, pooling="mean", max_seq_length=args.max_length)
+    encoder = SentenceEncoder(MODEL, pooling="mean", max_seq_length=args.max_length, compile=compile)
     model = MNR(encoder, scale=20.0, lr=2e-5, weight_decay=0.01, warmup_ratio=0.1)
     stamps: list[tuple[float, int, float]] = []
+    compile_s = precompile(encoder, args) if compile else None
 
     class Stamp(L.Callback):
         def on_train_batch_end(self, *_):
@@ -100,7 +106,33 @@ def run_ours(args, group_by_length: bool, callbacks: tuple = (), profiler=None) 
         profiler=profiler,
     )
     trainer.fit(model, datamodule=ours_datamodule(args, encoder, group_by_length))
-    return window(args, stamps)
+    return {**window(args, stamps), **({"compile_s": compile_s} if compile else {})}
+
+
+def precompile(encoder, args) -> float:
+    """Compile every graph a training step of this benchmark can meet: one forward and backward per
+    width bucket at the training batch size, with and without padding, under the training
+    precision; the seconds it took."""
+    import contextlib
+
+    import torch
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    start = time.perf_counter()
+    bucket = encoder.pad_to_multiple_of
+    encoder.train()
+    for width in range(bucket, -(-args.max_length // bucket) * bucket + 1, bucket):
+        ids = torch.full((args.batch_size, width), 1000, dtype=torch.long)
+        for padded in (True, False):  # transformers drops an all-ones mask: another graph
+            mask = torch.ones_like(ids)
+            mask[0, -1] = 0 if padded else 1
+            # Lightning's own autocast (its cache setting is part of what a compiled graph is guarded on)
+            with (MixedPrecision("bf16-mixed", "cpu").autocast_context_manager() if args.precision == "bf16"
+                  else contextlib.nullcontext()):
+                out = encoder({"input_ids": ids, "attention_mask": mask})
+            out.float().sum().backward()
+    encoder.zero_grad(set_to_none=True)
+    return time.perf_counter() - start
 
 
 def run_theirs(args, batches: list[list[int]] | None, pairs, callbacks: tuple = ()) -> dict[str, float]:
@@ -147,14 +179,30 @@ def identical_batches(args) -> tuple:
     return pairs, dm.train_sampler.global_batches()[: args.warmup_steps + args.steps]
 
 
-PROGRAMS = ("identical batches/ours", "identical batches/theirs", "own batching/ours", "own batching/theirs")
+COMPARISONS = {  # --compare: (numerator, denominator) programs of each ratio row, "setting/program"
+    "peer": [("identical batches/ours", "identical batches/theirs"), ("own batching/ours", "own batching/theirs"),
+             ("identical batches/ours, compiled", "identical batches/theirs"),
+             ("identical batches/ours, compiled", "identical batches/ours")],
+    "allocator": [("identical batches/ours", "identical batches/ours, malloc defaults"),
+                  ("identical batches/theirs, freed memory kept", "identical batches/theirs")],
+    "compile": [("identical batches/ours, compiled", "identical batches/ours")],
+}
+PROGRAMS = sorted({p for rows in COMPARISONS.values() for row in rows for p in row})
 
 
-def run_one(args, program: str) -> dict[str, float]:
-    """One program of one setting, in this process (the child's side of ``in_fresh_process``)."""
+def run_one(args, program: str) -> dict:
+    """One program of one setting, in this process (the child's side of ``in_fresh_process``).
+
+    Ours keeps freed memory as ``train.py`` does (``--keep_freed_memory``, on by default) unless the
+    program says "malloc defaults"; theirs keeps glibc's defaults unless it says "freed memory kept".
+    """
+    from harness.allocator import keep_freed_memory
+
     setting, name = program.split("/")
-    if name == "ours":
-        return run_ours(args, group_by_length=setting == "own batching")
+    if (name.startswith("ours") and "malloc defaults" not in name) or "freed memory kept" in name:
+        keep_freed_memory()
+    if name.startswith("ours"):
+        return run_ours(args, group_by_length=setting == "own batching", compile="compiled" in name)
     if setting == "identical batches":
         pairs, batches = identical_batches(args)
         return run_theirs(args, batches, pairs)
@@ -164,6 +212,30 @@ def run_one(args, program: str) -> dict[str, float]:
 def in_fresh_process(argv: list[str], program: str) -> dict[str, float]:
     """Run ``program`` in a new Python process with the same arguments; its result back."""
     return run_child([sys.executable, os.path.abspath(__file__), *argv, "--program", program], program)
+
+
+def ratio_table(args, runs: dict[str, list[dict]], rows: list[tuple[str, str]]) -> dict:
+    """One markdown row per (numerator, denominator): medians and the median per-repetition ratio."""
+    print(f"\n| numerator / denominator | steps/s | ratio (median of {args.reps}) "
+          "| minor faults/step | kernel s/step |")
+    print("|---|---|---|---|---|")
+    out = {}
+    for num, den in rows:
+        med = {p: {k: statistics.median(x[k] for x in runs[p]) for k in ("steps_per_s", "faults_per_step",
+                                                                          "sys_s_per_step")} for p in (num, den)}
+        ratio = statistics.median(a["steps_per_s"] / b["steps_per_s"] for a, b in zip(runs[num], runs[den]))
+        out[f"{num} / {den}"] = {"ratio": round(ratio, 3), num: med[num], den: med[den]}
+        print(f"| {num} / {den} | {med[num]['steps_per_s']:.3f} / {med[den]['steps_per_s']:.3f} | **{ratio:.2f}x** "
+              f"| {med[num]['faults_per_step']:,.0f} / {med[den]['faults_per_step']:,.0f} "
+              f"| {med[num]['sys_s_per_step']:.3f} / {med[den]['sys_s_per_step']:.3f} |")
+    for num, den in rows:
+        if "compile_s" in runs[num][0]:
+            compile_s = statistics.median(x["compile_s"] for x in runs[num])
+            saved = 1 / out[f"{num} / {den}"][den]["steps_per_s"] - 1 / out[f"{num} / {den}"][num]["steps_per_s"]
+            pays = f"after {compile_s / saved:,.0f} steps" if saved > 0 else "never (no step is faster)"
+            print(f"{num}: compiling took {compile_s:.0f} s (median); against {den} it pays for itself {pays}")
+            out[f"{num} / {den}"].update(compile_s=round(compile_s, 1), pays_off=pays)
+    return out
 
 
 def main() -> None:
@@ -177,6 +249,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--compare", choices=sorted(COMPARISONS), default="peer")
     parser.add_argument("--program", choices=PROGRAMS, help=argparse.SUPPRESS)  # a child's one program
     args = parser.parse_args()
 
@@ -195,32 +268,18 @@ def main() -> None:
             return
         print_machine(info)
         print(f"batch {args.batch_size}, max length {args.max_length}, precision {args.precision}, "
-              f"{args.steps} timed steps after {args.warmup_steps}, each run in a fresh process")
-        settings = ["identical batches", "own batching"]
-        runs = {s: {"ours": [], "theirs": []} for s in settings}
+              f"{args.steps} timed steps after {args.warmup_steps}, each run in a fresh process; compare {args.compare}")
+        rows = COMPARISONS[args.compare]
+        programs = [p for row in rows for p in row]
+        runs: dict[str, list[dict]] = {p: [] for p in programs}
         for rep in range(args.reps):
-            for setting in settings:
-                for name in (["ours", "theirs"] if rep % 2 == 0 else ["theirs", "ours"]):
-                    runs[setting][name].append(in_fresh_process(sys.argv[1:], f"{setting}/{name}"))
-            print(f"rep {rep + 1}: " + "; ".join(
-                f"{s}: ours {r['ours'][-1]['steps_per_s']:.2f}, theirs {r['theirs'][-1]['steps_per_s']:.2f} steps/s"
-                for s, r in runs.items()), flush=True)
-
-        print(f"\n| setting | ours steps/s | theirs steps/s | ours/theirs (median of {args.reps}) "
-              "| minor faults/step ours, theirs | kernel s/step ours, theirs |")
-        print("|---|---|---|---|---|---|")
-        out = {}
-        for setting, r in runs.items():
-            med = {name: {k: statistics.median(x[k] for x in r[name]) for k in r[name][0]} for name in r}
-            ratio = statistics.median(a["steps_per_s"] / b["steps_per_s"] for a, b in zip(r["ours"], r["theirs"]))
-            out[setting] = {"ours": {k: round(v, 3) for k, v in med["ours"].items()},
-                            "theirs": {k: round(v, 3) for k, v in med["theirs"].items()}, "ratio": round(ratio, 3)}
-            print(f"| {setting} | {med['ours']['steps_per_s']:.2f} | {med['theirs']['steps_per_s']:.2f} "
-                  f"| {ratio:.2f}x | {med['ours']['faults_per_step']:,.0f}, {med['theirs']['faults_per_step']:,.0f} "
-                  f"| {med['ours']['sys_s_per_step']:.2f}, {med['theirs']['sys_s_per_step']:.2f} |")
-        print(json.dumps({"benchmark": "train_throughput", "machine": info, "batch_size": args.batch_size,
-                          "max_length": args.max_length, "precision": args.precision, "steps": args.steps,
-                          "reps": args.reps, "results": out}))
+            for program in programs if rep % 2 == 0 else programs[::-1]:
+                runs[program].append(in_fresh_process(sys.argv[1:], program))
+            print(f"rep {rep + 1}: " + "; ".join(f"{p} {runs[p][-1]['steps_per_s']:.3f}" for p in programs), flush=True)
+        out = ratio_table(args, runs, rows)
+        print(json.dumps({"benchmark": "train_throughput", "compare": args.compare, "machine": info,
+                          "batch_size": args.batch_size, "max_length": args.max_length, "precision": args.precision,
+                          "steps": args.steps, "warmup_steps": args.warmup_steps, "reps": args.reps, "results": out}))
     finally:
         shutil.rmtree(args.tmp, ignore_errors=True)
 

@@ -33,3 +33,9 @@ def test_grid_runs_two_cells_and_resumes_skipping_the_finished_one(tmp_path, tin
     assert "skip lr=1e-3/seed7 (finished)" in out and "train lr=2e-3/seed7" in out
     assert (first / "eval.json").stat().st_mtime_ns == finished
     assert (second / "eval.json").exists()
+
+
+def test_vary_values_split_on_semicolons_when_they_hold_lists():
+    assert grid.parse_vary("model.init_args.phi=0.5, 0.7") == ("model.init_args.phi", ["0.5", "0.7"])
+    assert grid.parse_vary("model.init_args.features=[u,v];[abs_diff,prod]") == (
+        "model.init_args.features", ["[u,v]", "[abs_diff,prod]"])
