@@ -37,16 +37,21 @@ MODELS = ("bert-base", "all-MiniLM-L6-v2")
 SBERT_V100 = 2042.0  # sentences/s, SBERT (BERT-base) with smart batching, V100 (Reimers & Gurevych 2019)
 
 
-def build_encoder(name: str, max_seq_length: int = 128):
+def build_encoder(name: str, max_seq_length: int = 128, compile: bool = False):
     from encoders.sentence import SentenceEncoder
 
     if name == "all-MiniLM-L6-v2":
-        return SentenceEncoder(MINILM, pooling="mean", max_seq_length=max_seq_length)
+        return SentenceEncoder(MINILM, pooling="mean", max_seq_length=max_seq_length, compile=compile)
+    import tempfile
+
     from transformers import BertConfig, BertModel
 
-    encoder = SentenceEncoder(MINILM, pooling="mean", max_seq_length=max_seq_length, pretrained=False)
-    encoder.transformer = BertModel(BertConfig(), add_pooling_layer=False).train()  # BERT-base, random weights
-    return encoder
+    # BERT-base with random weights, saved with the MiniLM tokenizer so the encoder builds (and
+    # compiles) it as it would any local model directory
+    path = tempfile.mkdtemp(prefix="bert-base-random-")
+    BertModel(BertConfig(), add_pooling_layer=False).save_pretrained(path)
+    SentenceEncoder(MINILM, pretrained=False).tokenizer.save_pretrained(path)
+    return SentenceEncoder(path, pooling="mean", max_seq_length=max_seq_length, compile=compile)
 
 
 def sync(device: str) -> None:
@@ -93,7 +98,7 @@ def train_rate(args, name: str) -> None:
     from lightning_modules.mnr import MNR
 
     L.seed_everything(args.seed)
-    encoder = build_encoder(name)
+    encoder = build_encoder(name, compile=args.compile)
     model = MNR(encoder, scale=20.0, gather_across_devices=True, lr=2e-5)
     dm = NLIDataModule(train_sources=[args.nli], view="pairs", per_device_batch_size=args.batch_size,
                        group_by_length=True, seed=args.seed)
@@ -133,6 +138,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--limit", type=int, default=None, help="encode only the first N sentences (dry runs)")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--compile", action="store_true",
+                        help="train with the encoder's compile option (widths bucketed by 16; give --warmup_steps "
+                             "enough steps to meet every bucket, e.g. 50, so compiling stays out of the timed steps)")
     parser.add_argument("--train_model", choices=MODELS, help=argparse.SUPPRESS)  # the child's one model
     args = parser.parse_args()
     import torch
@@ -164,7 +172,8 @@ def main() -> None:
     for name in MODELS:
         cmd = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], "--train_model", name]
         training[name] = run_child(cmd, f"training {name}")
-    print(f"\nTraining MNR, batch {args.batch_size} per device, {args.precision}, DDP gather on")
+    print(f"\nTraining MNR, batch {args.batch_size} per device, {args.precision}, DDP gather on"
+          + (", compiled" if args.compile else ""))
     print("| model | devices | steps/s | sentences/s |\n|---|---|---|---|")
     for name, r in training.items():
         print(f"| {name} | {r['world_size']} | {r['steps_per_s']:.2f} | {r['sentences_per_s']:,.0f} |")
