@@ -185,6 +185,19 @@ class SentenceEmbeddingModule(L.LightningModule):
         )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """``trainer.gradient_clip_val`` with the fused optimizer. Lightning's mixed-precision plugin refuses
+        to clip for an optimizer that unscales gradients itself (fused), a guard for fp16's grad scaler; bf16
+        and fp32 have no scaler, so the gradients are clipped here, as Lightning would clip them otherwise."""
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        if gradient_clip_val is None or scaler is not None:
+            return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if gradient_clip_algorithm in (None, "norm"):
+            torch.nn.utils.clip_grad_norm_(params, gradient_clip_val)
+        else:
+            torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
+
     # -- checkpoints ------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # Enough to rebuild and evaluate the encoder from the checkpoint alone.

@@ -62,3 +62,30 @@ def test_model_card_optimizer_line():
                                      "linear warmup over 10% of the steps, then a linear schedule")
     assert optimizer_summary({"optimizer": "adam", "lr": 3e-5, "warmup_ratio": 0.05}).startswith(
         "Adam without weight decay (the SBERT paper's), peak lr 3e-05; linear warmup over 5% of the steps")
+
+
+def test_gradient_clipping_works_with_the_fused_optimizer_under_bf16(tiny_model_dir, fixtures_dir, one_torch_thread):
+    """Lightning refuses to clip for a fused optimizer under mixed precision (an fp16 grad-scaler guard); bf16
+    has no scaler, so ``trainer.gradient_clip_val`` must work, and clip."""
+    import lightning as L
+
+    from datamodules import STSDataModule
+
+    encoder = SentenceEncoder(tiny_model_dir, pretrained=False)
+    model = STSRegression(encoder, lr=1.0)  # a huge step: unclipped gradients are far above the limit
+    norms = []
+
+    class Norm(L.Callback):
+        def on_before_zero_grad(self, trainer, module, optimizer):  # the previous step's grads, as clipped
+            grads = [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+            if grads:
+                norms.append(float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))))
+
+    dm = STSDataModule(str(fixtures_dir / "sts" / "stsb.dev.tsv"), per_device_batch_size=8)
+    dm.use_tokenizer(**encoder.tokenization())
+    trainer = L.Trainer(accelerator="cpu", precision="bf16-mixed", max_steps=3, gradient_clip_val=1e-3,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
+                        callbacks=[Norm()], use_distributed_sampler=False)
+    trainer.fit(model, datamodule=dm)
+    assert len(norms) == 2 and max(norms) <= 1e-3 * 1.01, norms
