@@ -143,7 +143,7 @@ def main() -> None:
         fn()
         if name == "train bf16 compiled":
             compile_s = time.perf_counter() - start
-            fn()  # the backward's first run may compile too
+            fn()  # one more untimed step, so the compiled program is warm as the others are
     t = alternate(programs, args.reps)
     gflops = {k: statistics.median(flops[k] / s / 1e9 for s in t.wall[k]) for k in programs}
     fraction = {}

@@ -270,7 +270,7 @@ def main() -> None:
         print(f"batch {args.batch_size}, max length {args.max_length}, precision {args.precision}, "
               f"{args.steps} timed steps after {args.warmup_steps}, each run in a fresh process; compare {args.compare}")
         rows = COMPARISONS[args.compare]
-        programs = [p for row in rows for p in row]
+        programs = list(dict.fromkeys(p for row in rows for p in row))  # each program once a repetition
         runs: dict[str, list[dict]] = {p: [] for p in programs}
         for rep in range(args.reps):
             for program in programs if rep % 2 == 0 else programs[::-1]:

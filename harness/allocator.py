@@ -5,8 +5,8 @@ backward, gradients, the 47 MB word-embedding gradient of a BERT-sized vocabular
 malloc serves every block above ``M_MMAP_THRESHOLD`` (128 KiB at start, growing to at most 32 MiB
 as blocks are freed) with its own ``mmap`` and unmaps it on ``free``, and trims the heap's top
 above ``M_TRIM_THRESHOLD``; the next step faults every page back in, zero-filled by the kernel.
-On a fresh process that is tens of thousands of minor page faults and 0.15-0.3 s of kernel time a
-step (``benchmarks/train_throughput.py`` counts them). Any PyTorch program on glibc pays it,
+On a fresh process that is tens of thousands of minor page faults a step, and their kernel time
+(``benchmarks/train_throughput.py --compare allocator`` counts both; docs/PERFORMANCE.md has the figures). Any PyTorch program on glibc pays it,
 sentence-transformers' trainer included; jemalloc or tcmalloc through ``LD_PRELOAD`` is the usual
 remedy, which asks the user to install and preload a library.
 
