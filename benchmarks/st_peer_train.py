@@ -5,6 +5,9 @@ same training examples; the start model (offline all-MiniLM-L6-v2), batch size, 
 learning rate, warmup, weight decay, max length, precision and seed are the command-line values,
 which the results script sets equal to our run's. Their trainer uses its own sampler (random, or
 ``NO_DUPLICATES`` for MNR, its recommendation), so the batches differ; the budget does not.
+``--batches ours`` hands their trainer our sampler's batches instead (length-grouped when
+``--group_by_length``, in the order of our data seed ``--data_seed``), so the two trainers differ in
+nothing but the step and its random draws.
 
     python benchmarks/st_peer_train.py --objective cosine --data_dir ../shared/data --output DIR
 
@@ -31,7 +34,7 @@ import os
 import tempfile
 import time
 
-from common import set_threads
+from common import FixedBatches, set_threads
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 NLI_FILES = ("nli/snli.test.tsv", "nli/mnli.dev_matched.tsv")
@@ -47,6 +50,27 @@ def training_rows(objective: str, data_dir: str):
     view = {"softmax": "labelled", "triplet": "triplets", "mnr": "pairs"}[objective]
     dm = NLIDataModule(train_sources=[os.path.join(data_dir, f) for f in NLI_FILES], view=view)
     return dm.load_train_rows()
+
+
+def our_batches(objective: str, data_dir: str, args):
+    """The rows as our data module indexes them, and our sampler's first ``args.steps`` batches."""
+    from datamodules import NLIDataModule, STSDataModule
+    from encoders.sentence import SentenceEncoder
+
+    rows = training_rows(objective, data_dir)
+    common = {"per_device_batch_size": args.batch_size, "group_by_length": args.group_by_length,
+              "seed": args.data_seed}
+    if objective == "cosine":
+        dm = STSDataModule(train_source=os.path.join(data_dir, "sts", "stsb.train.tsv"), **common)
+    else:
+        view = {"softmax": "labelled", "triplet": "triplets", "mnr": "pairs"}[objective]
+        dm = NLIDataModule(train_sources=[os.path.join(data_dir, f) for f in NLI_FILES], view=view, **common)
+    dm.use_tokenizer(**SentenceEncoder(MODEL, max_seq_length=args.max_length).tokenization())
+    dm.setup("fit")
+    batches = dm.train_sampler.global_batches()
+    if len(batches) < args.steps:
+        raise SystemExit(f"--batches ours: {len(batches)} batches in an epoch, fewer than --steps {args.steps}")
+    return dm.train_dataset.select_columns(rows.column_names), batches[: args.steps]
 
 
 def build_loss(objective: str, model):
@@ -74,6 +98,11 @@ def main() -> None:
     parser.add_argument("--max_length", type=int, default=128)
     parser.add_argument("--precision", choices=["bf16", "32"], default="bf16")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--batches", choices=["theirs", "ours"], default="theirs",
+                        help="ours: their trainer takes our sampler's batches (one epoch's first --steps)")
+    parser.add_argument("--group_by_length", action=argparse.BooleanOptionalAction, default=True,
+                        help="with --batches ours: our length-grouped batches (our configs' setting)")
+    parser.add_argument("--data_seed", type=int, default=42, help="with --batches ours: our batch order's seed")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--keep_normalize", action="store_true",
                         help="train the start model's pipeline as is, Normalize module included")
@@ -91,7 +120,10 @@ def main() -> None:
     from encoders.hub import resolve_model_name
 
     transformers.logging.set_verbosity_error()
-    rows = training_rows(args.objective, args.data_dir)
+    if args.batches == "ours":
+        rows, batches = our_batches(args.objective, args.data_dir, args)
+    else:
+        rows, batches = training_rows(args.objective, args.data_dir), None
     torch.manual_seed(args.seed)
     model = SentenceTransformer(resolve_model_name(MODEL), device="cpu")
     model.max_seq_length = args.max_length
@@ -102,7 +134,8 @@ def main() -> None:
             output_dir=tmp, max_steps=args.steps, per_device_train_batch_size=args.batch_size,
             learning_rate=args.lr, weight_decay=args.weight_decay, warmup_ratio=args.warmup_ratio,
             lr_scheduler_type="linear", bf16=args.precision == "bf16", use_cpu=True,
-            batch_sampler=BatchSamplers.NO_DUPLICATES if args.objective == "mnr" else BatchSamplers.BATCH_SAMPLER,
+            batch_sampler=(BatchSamplers.NO_DUPLICATES if args.objective == "mnr" else BatchSamplers.BATCH_SAMPLER)
+            if batches is None else (lambda *a, **k: FixedBatches(batches)),
             dataloader_drop_last=args.objective == "mnr", save_strategy="no", report_to="none",
             logging_strategy="no", disable_tqdm=True, seed=args.seed, dataloader_num_workers=0)
         trainer = SentenceTransformerTrainer(model=model, args=targs, train_dataset=rows,
@@ -113,6 +146,8 @@ def main() -> None:
     model.save(args.output)
     print(json.dumps({"peer": "sentence-transformers", "objective": args.objective, "steps": args.steps,
                       "batch_size": args.batch_size, "precision": args.precision, "seed": args.seed,
+                      "batches": "theirs" if batches is None else
+                      f"ours (group_by_length={args.group_by_length}, data seed {args.data_seed})",
                       "rows": len(rows), "train_wall_s": round(wall, 1), "output": args.output}))
 
 

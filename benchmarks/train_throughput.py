@@ -38,25 +38,9 @@ import sys
 import tempfile
 import time
 
-from common import machine, print_machine, run_child, set_threads
+from common import FixedBatches, machine, print_machine, run_child, set_threads
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-
-
-class FixedBatches:
-    """A batch sampler that yields precomputed batches of indices (theirs, identical batches)."""
-
-    def __init__(self, batches: list[list[int]]) -> None:
-        self.batches = batches
-
-    def __iter__(self):
-        return iter(self.batches)
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def set_epoch(self, epoch: int) -> None:  # the trainer calls it each epoch
-        pass
 
 
 def stamp() -> tuple[float, int, float]:

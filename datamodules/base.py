@@ -74,7 +74,9 @@ class SentenceDataModule(L.LightningDataModule):
             the names it provides (``stsb``, ``sickr``), so a local run can replace the hub's.
         group_by_length: length-grouped ("smart") batching, shuffled across groups.
         num_workers: DataLoader worker processes.
-        seed: seed of the batch order.
+        seed: seed of the batch order. None (the default): the run's seed, ``seed_everything``
+            (which Lightning exports as ``PL_GLOBAL_SEED``; 42 when no seed was set), so runs with
+            different seeds see different batch orders, as in sentence-transformers and SimCSE.
     """
 
     text_columns: Sequence[str] = ()
@@ -88,7 +90,7 @@ class SentenceDataModule(L.LightningDataModule):
         val_sources: dict[str, str] | None = None,
         group_by_length: bool = False,
         num_workers: int = 0,
-        seed: int = 42,
+        seed: int | None = None,
     ) -> None:
         super().__init__()
         if per_device_batch_size < 1:
@@ -212,7 +214,7 @@ class SentenceDataModule(L.LightningDataModule):
                 raise ValueError("data.per_device_batch_size: in-batch negatives need a global batch of at least 2")
             self.train_sampler = SentenceBatchSampler(
                 lengths, self.per_device_batch_size, shuffle=True, drop_last=self.unique_sentences,
-                group_by_length=self.group_by_length, unique_keys=keys, seed=self.seed,
+                group_by_length=self.group_by_length, unique_keys=keys, seed=self.batch_seed,
                 num_replicas=world, rank=rank,
             )
             if len(self.train_sampler) == 0:
@@ -255,7 +257,12 @@ class SentenceDataModule(L.LightningDataModule):
     def _loader_generator(self) -> torch.Generator:
         # Each DataLoader iterator draws a worker seed; from its own generator, that draw leaves the
         # global RNG (dropout, noise) alone, so validating or resuming does not shift it.
-        return torch.Generator().manual_seed(self.seed)
+        return torch.Generator().manual_seed(self.batch_seed)
+
+    @property
+    def batch_seed(self) -> int:
+        """``seed``, or the run's seed when ``seed`` is None (read when the data is set up)."""
+        return self.seed if self.seed is not None else int(os.environ.get("PL_GLOBAL_SEED", 42))
 
     # -- resuming mid-epoch: Lightning stores this state in every checkpoint -------------------
     def state_dict(self) -> dict[str, Any]:

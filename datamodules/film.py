@@ -94,7 +94,7 @@ class FILMDataModule(SentenceDataModule):
         sts_dir: directory with ``stsb.dev.tsv`` (and optionally ``sickr.dev.tsv``) for validation.
         val_sources: validation sets, name -> source; ``sts_dir`` overrides the names it provides.
         eval_batch_size: dev pairs per validation batch.
-        seed: seed of the ``sts`` triplet sampling.
+        seed: seed of the ``sts`` triplet sampling; None: the run's seed (see ``SentenceDataModule``).
     """
 
     def __init__(
@@ -106,7 +106,7 @@ class FILMDataModule(SentenceDataModule):
         sts_dir: str | None = None,
         val_sources: dict[str, str] | None = None,
         eval_batch_size: int = 256,
-        seed: int = 42,
+        seed: int | None = None,
     ) -> None:
         super().__init__(eval_batch_size=eval_batch_size, sts_dir=sts_dir, val_sources=val_sources, seed=seed)
         if not train_sources:
@@ -133,7 +133,7 @@ class FILMDataModule(SentenceDataModule):
             if self.triplets_from == "nli":
                 return nli_index_triplets([load_nli(s) for s in self.train_sources])
             parts = [load_sts_pairs(s) for s in self.train_sources]
-            return sts_index_triplets(parts, self.sts_threshold, self.triplets_per_anchor, self.seed)
+            return sts_index_triplets(parts, self.sts_threshold, self.triplets_per_anchor, self.batch_seed)
         except DataError:
             raise
         except ValueError as err:  # the triplet builders' "no triplets could be generated ..."

@@ -74,6 +74,28 @@ def test_nli_views(fixtures_dir, tiny_model_dir):
         assert (a, p) in ent and (a, n) in con
 
 
+def test_batch_order_follows_the_run_seed_unless_set(fixtures_dir, tiny_model_dir, monkeypatch):
+    """seed=None: the batch order is the run's seed's (seed_everything), so seeds 42 and 43 differ in
+    data order as well as in dropout; an explicit seed fixes the order whatever the run's seed."""
+    import lightning as L
+
+    tokenization = SentenceEncoder(tiny_model_dir).tokenization()
+
+    def order(run_seed, seed=None):
+        L.seed_everything(run_seed)
+        dm = NLIDataModule([str(fixtures_dir / "nli" / "train.tsv")], view="labelled", per_device_batch_size=2,
+                           seed=seed)
+        dm.use_tokenizer(**tokenization)
+        dm.setup("fit")
+        return dm.train_sampler.global_batches()
+
+    assert order(42) == order(42)
+    assert order(42) != order(43)
+    assert order(42, seed=7) == order(43, seed=7)
+    monkeypatch.delenv("PL_GLOBAL_SEED")
+    assert NLIDataModule(["x"]).batch_seed == 42  # no run seed: the former fixed default
+
+
 def test_wiki_empty_line_error_or_skip(tmp_path, tiny_model_dir):
     path = write(tmp_path / "w.txt", "one sentence\n\nanother one\n")
     dm = WikiDataModule(path, per_device_batch_size=2)

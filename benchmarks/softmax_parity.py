@@ -1,0 +1,158 @@
+"""Is our NLI softmax step the same as sentence-transformers' step? (docs/RESULTS.md, the softmax gap)
+
+Both trainers take the same first ``--steps`` batches (ours: our sampler's, length-grouped as the
+shipped config has it; theirs: handed exactly those batches through a ``batch_sampler`` callable),
+the same rows (our labelled view of ``DIR/nli``), the same start model (offline all-MiniLM-L6-v2,
+mean pooling, no ``Normalize``), the same classifier weights (ours copied into their
+``SoftmaxLoss``), AdamW lr 2e-5, weight decay 0.01, 10% linear warmup of ``--total_steps`` and
+their default clipping at norm 1.0 on both sides. Dropout is off on both sides, so a step is a
+deterministic function of the weights and the batch: equal steps give equal losses up to the
+precision's rounding, and a different step shows as losses that part from the first step on.
+
+Prints each step's loss on both sides and, at the end, the largest absolute difference between
+the two encoders' weights and between the classifiers' weights.
+
+    python benchmarks/softmax_parity.py --data_dir ../shared/data --steps 20 --precision 32
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+
+from common import FixedBatches, set_threads
+
+MODEL = "sentence-transformers/all-MiniLM-L6-v2"
+NLI_FILES = ("nli/snli.test.tsv", "nli/mnli.dev_matched.tsv")
+
+
+def no_dropout(module) -> None:
+    from torch import nn
+
+    for m in module.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+
+
+def ours(args, record: list[float]):
+    """Our NLISoftmax trained for ``--steps`` steps; (the module, the batches it took, the rows)."""
+    import lightning as L
+    import torch
+
+    from datamodules import NLIDataModule
+    from encoders.sentence import SentenceEncoder
+    from lightning_modules.nli_softmax import NLISoftmax
+
+    torch.manual_seed(args.seed)
+    encoder = SentenceEncoder(MODEL, pooling="mean", max_seq_length=args.max_length)
+    model = NLISoftmax(encoder, lr=2e-5, weight_decay=0.01, warmup_ratio=0.1)
+    start_classifier = {k: v.clone() for k, v in model.classifier.state_dict().items()}
+    dm = NLIDataModule(train_sources=[os.path.join(args.data_dir, f) for f in NLI_FILES], view="labelled",
+                       per_device_batch_size=args.batch_size, group_by_length=True, seed=args.seed)
+    dm.use_tokenizer(**encoder.tokenization())
+
+    class Record(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            no_dropout(pl_module)
+            # the schedule of a --total_steps run, cut after --steps steps
+            scheduler = trainer.lr_scheduler_configs[0].scheduler
+            from transformers import get_linear_schedule_with_warmup
+            trainer.lr_scheduler_configs[0].scheduler = get_linear_schedule_with_warmup(
+                scheduler.optimizer, int(0.1 * args.total_steps), args.total_steps)
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, *_):
+            record.append((float(outputs["loss"]), trainer.optimizers[0].param_groups[0]["lr"]))
+
+    trainer = L.Trainer(
+        accelerator="cpu", devices=1, max_steps=args.steps, gradient_clip_val=1.0,
+        precision="bf16-mixed" if args.precision == "bf16" else "32-true", logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        limit_val_batches=0, num_sanity_val_steps=0, callbacks=[Record()], use_distributed_sampler=False,
+    )
+    trainer.fit(model, datamodule=dm)
+    batches = dm.train_sampler.global_batches()[: args.steps]
+    rows = dm.train_dataset.select_columns(["sentence1", "sentence2", "label"])
+    return model, start_classifier, batches, rows
+
+
+def theirs(args, batches, rows, start_classifier, record: list[float], tmp: str):
+    import torch
+    from sentence_transformers import (SentenceTransformer, SentenceTransformerTrainer,
+                                       SentenceTransformerTrainingArguments)
+    from sentence_transformers.sentence_transformer.losses import SoftmaxLoss
+    from transformers import TrainerCallback, get_linear_schedule_with_warmup
+
+    from encoders.hub import resolve_model_name
+
+    torch.manual_seed(args.seed)
+    model = SentenceTransformer(resolve_model_name(MODEL), device="cpu")
+    model.max_seq_length = args.max_length
+    if type(model[len(model) - 1]).__name__ == "Normalize":
+        del model[len(model) - 1]  # ours has no Normalize
+    loss = SoftmaxLoss(model, model.get_sentence_embedding_dimension(), num_labels=3)
+    loss.classifier.load_state_dict(start_classifier)
+    losses: list[float] = []
+    loss.register_forward_hook(lambda module, inputs, output: losses.append(float(output)))
+
+    class NoDropout(TrainerCallback):
+        def on_step_begin(self, *_, **__):
+            no_dropout(model)  # (the trainer sets train mode each step; p = 0 stays)
+
+        def on_step_end(self, *_, optimizer=None, **__):
+            record.append((losses[-1], optimizer.param_groups[0]["lr"]))
+
+    targs = SentenceTransformerTrainingArguments(
+        output_dir=os.path.join(tmp, "st-out"), max_steps=args.steps, per_device_train_batch_size=args.batch_size,
+        learning_rate=2e-5, weight_decay=0.01, lr_scheduler_type="linear", bf16=args.precision == "bf16",
+        use_cpu=True, batch_sampler=lambda *a, **k: FixedBatches(batches), save_strategy="no", report_to="none",
+        logging_strategy="no", disable_tqdm=True, seed=args.seed, dataloader_num_workers=0,
+    )
+    trainer = SentenceTransformerTrainer(model=model, args=targs, train_dataset=rows, loss=loss,
+                                         callbacks=[NoDropout()])
+    trainer.create_optimizer()
+    trainer.lr_scheduler = get_linear_schedule_with_warmup(trainer.optimizer, int(0.1 * args.total_steps),
+                                                           args.total_steps)
+    trainer.train()
+    return model, loss
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data_dir", required=True)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--total_steps", type=int, default=300, help="the run whose schedule the steps follow")
+    parser.add_argument("--batch_size", type=int, default=16)
+    parser.add_argument("--max_length", type=int, default=128)
+    parser.add_argument("--precision", choices=["32", "bf16"], default="32")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    set_threads(args.threads)
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    ours_loss: list[tuple[float, float]] = []  # (loss, learning rate after the step)
+    theirs_loss: list[tuple[float, float]] = []
+    model, start_classifier, batches, rows = ours(args, ours_loss)
+    with tempfile.TemporaryDirectory(prefix="softmax-parity-") as tmp:
+        st_model, st_loss = theirs(args, batches, rows, start_classifier, theirs_loss, tmp)
+    print(f"{'step':>4} {'loss ours':>10} {'theirs':>10} {'diff':>10}  {'next lr ours':>12} {'theirs':>10}")
+    for step, ((a, lr_a), (b, lr_b)) in enumerate(zip(ours_loss, theirs_loss, strict=True), 1):
+        print(f"{step:>4} {a:10.6f} {b:10.6f} {a - b:10.2e}  {lr_a:12.3e} {lr_b:10.3e}")
+    theirs_weights = dict(st_model[0].auto_model.named_parameters())
+    encoder_diff = max((p.detach() - theirs_weights[n].detach()).abs().max().item()
+                       for n, p in model.encoder.transformer.named_parameters())
+    classifier_diff = max((p.detach() - q.detach()).abs().max().item()
+                          for p, q in zip(model.classifier.parameters(), st_loss.classifier.parameters(), strict=True))
+    moved = max((p.detach() - q).abs().max().item() for p, q in
+                zip(model.classifier.parameters(), start_classifier.values(), strict=True))
+    print(json.dumps({"precision": args.precision, "steps": args.steps, "seed": args.seed,
+                      "max_loss_diff": max(abs(a[0] - b[0]) for a, b in zip(ours_loss, theirs_loss)),
+                      "max_encoder_weight_diff": encoder_diff, "max_classifier_weight_diff": classifier_diff,
+                      "classifier_moved": moved, "torch": torch.__version__}))
+
+
+if __name__ == "__main__":
+    main()
