@@ -5,14 +5,19 @@ shipped config has it; theirs: handed exactly those batches through a ``batch_sa
 the same rows (our labelled view of ``DIR/nli``), the same start model (offline all-MiniLM-L6-v2,
 mean pooling, no ``Normalize``), the same classifier weights (ours copied into their
 ``SoftmaxLoss``), AdamW lr 2e-5, weight decay 0.01, 10% linear warmup of ``--total_steps`` and
-their default clipping at norm 1.0 on both sides. Dropout is off on both sides, so a step is a
+their default clipping at norm 1.0 on both sides. Dropout is off on both sides (unless
+``--dropout``), so a step is a
 deterministic function of the weights and the batch: equal steps give equal losses up to the
 precision's rounding, and a different step shows as losses that part from the first step on.
 
 Prints each step's loss on both sides and, at the end, the largest absolute difference between
-the two encoders' weights and between the classifiers' weights.
+the two encoders' weights and between the classifiers' weights. With ``--sts_dir`` both trained
+encoders are also scored on the seven STS tasks (``evaluate.py``'s evaluation, bf16): a whole run
+without dropout (``--steps 300``) shows whether the two trainers end at the same quality when
+nothing random differs but the rounding.
 
     python benchmarks/softmax_parity.py --data_dir ../shared/data --steps 20 --precision 32
+    python benchmarks/softmax_parity.py --data_dir ../shared/data --steps 300 --precision bf16 --sts_dir ../shared/data/sts
 """
 from __future__ import annotations
 
@@ -54,7 +59,8 @@ def ours(args, record: list[float]):
 
     class Record(L.Callback):
         def on_train_start(self, trainer, pl_module):
-            no_dropout(pl_module)
+            if not args.dropout:
+                no_dropout(pl_module)
             # the schedule of a --total_steps run, cut after --steps steps
             scheduler = trainer.lr_scheduler_configs[0].scheduler
             from transformers import get_linear_schedule_with_warmup
@@ -97,7 +103,8 @@ def theirs(args, batches, rows, start_classifier, record: list[float], tmp: str)
 
     class NoDropout(TrainerCallback):
         def on_step_begin(self, *_, **__):
-            no_dropout(model)  # (the trainer sets train mode each step; p = 0 stays)
+            if not args.dropout:
+                no_dropout(model)  # (the trainer sets train mode each step; p = 0 stays)
 
         def on_step_end(self, *_, optimizer=None, **__):
             record.append((losses[-1], optimizer.param_groups[0]["lr"]))
@@ -127,6 +134,10 @@ def main() -> None:
     parser.add_argument("--precision", choices=["32", "bf16"], default="32")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--sts_dir", default=None, help="score both trained encoders on the seven STS tasks")
+    parser.add_argument("--dropout", action="store_true",
+                        help="keep dropout on: the two runs then differ in their random masks too")
+    parser.add_argument("--print_every", type=int, default=1, help="print every n-th step's losses")
     args = parser.parse_args()
     set_threads(args.threads)
     import torch
@@ -138,20 +149,31 @@ def main() -> None:
     model, start_classifier, batches, rows = ours(args, ours_loss)
     with tempfile.TemporaryDirectory(prefix="softmax-parity-") as tmp:
         st_model, st_loss = theirs(args, batches, rows, start_classifier, theirs_loss, tmp)
-    print(f"{'step':>4} {'loss ours':>10} {'theirs':>10} {'diff':>10}  {'next lr ours':>12} {'theirs':>10}")
-    for step, ((a, lr_a), (b, lr_b)) in enumerate(zip(ours_loss, theirs_loss, strict=True), 1):
-        print(f"{step:>4} {a:10.6f} {b:10.6f} {a - b:10.2e}  {lr_a:12.3e} {lr_b:10.3e}")
-    theirs_weights = dict(st_model[0].auto_model.named_parameters())
-    encoder_diff = max((p.detach() - theirs_weights[n].detach()).abs().max().item()
-                       for n, p in model.encoder.transformer.named_parameters())
-    classifier_diff = max((p.detach() - q.detach()).abs().max().item()
-                          for p, q in zip(model.classifier.parameters(), st_loss.classifier.parameters(), strict=True))
-    moved = max((p.detach() - q).abs().max().item() for p, q in
-                zip(model.classifier.parameters(), start_classifier.values(), strict=True))
-    print(json.dumps({"precision": args.precision, "steps": args.steps, "seed": args.seed,
-                      "max_loss_diff": max(abs(a[0] - b[0]) for a, b in zip(ours_loss, theirs_loss)),
-                      "max_encoder_weight_diff": encoder_diff, "max_classifier_weight_diff": classifier_diff,
-                      "classifier_moved": moved, "torch": torch.__version__}))
+        print(f"{'step':>4} {'loss ours':>10} {'theirs':>10} {'diff':>10}  {'next lr ours':>12} {'theirs':>10}")
+        for step, ((a, lr_a), (b, lr_b)) in enumerate(zip(ours_loss, theirs_loss, strict=True), 1):
+            if step % args.print_every == 0 or step == 1:
+                print(f"{step:>4} {a:10.6f} {b:10.6f} {a - b:10.2e}  {lr_a:12.3e} {lr_b:10.3e}")
+        theirs_weights = dict(st_model[0].auto_model.named_parameters())
+        encoder_diff = max((p.detach() - theirs_weights[n].detach()).abs().max().item()
+                           for n, p in model.encoder.transformer.named_parameters())
+        classifier_diff = max((p.detach() - q.detach()).abs().max().item() for p, q in
+                              zip(model.classifier.parameters(), st_loss.classifier.parameters(), strict=True))
+        moved = max((p.detach() - q).abs().max().item() for p, q in
+                    zip(model.classifier.parameters(), start_classifier.values(), strict=True))
+        summary = {"precision": args.precision, "steps": args.steps, "seed": args.seed, "dropout": args.dropout,
+                   "max_loss_diff": max(abs(a[0] - b[0]) for a, b in zip(ours_loss, theirs_loss)),
+                   "max_encoder_weight_diff": encoder_diff, "max_classifier_weight_diff": classifier_diff,
+                   "classifier_moved": moved, "torch": torch.__version__}
+        print(json.dumps(summary), flush=True)
+        if args.sts_dir:
+            from evaluate import load_encoder
+            from harness.sts_eval import evaluate_sts
+
+            st_model.save(os.path.join(tmp, "theirs"))
+            encoders = {"ours": model.encoder, "theirs": load_encoder(None, os.path.join(tmp, "theirs"), None)[0]}
+            for side, encoder in encoders.items():
+                results = evaluate_sts(lambda s, e=encoder: e.encode(s, batch_size=64, precision="bf16"), args.sts_dir)
+                print(json.dumps({side: {k: round(v, 2) for k, v in results.items() if isinstance(v, float)}}))
 
 
 if __name__ == "__main__":

@@ -102,6 +102,8 @@ def main() -> None:
                         help="ours: their trainer takes our sampler's batches (one epoch's first --steps)")
     parser.add_argument("--group_by_length", action=argparse.BooleanOptionalAction, default=True,
                         help="with --batches ours: our length-grouped batches (our configs' setting)")
+    parser.add_argument("--max_grad_norm", type=float, default=1.0,
+                        help="their trainer's gradient clipping (its default 1.0; 0 turns it off)")
     parser.add_argument("--data_seed", type=int, default=42, help="with --batches ours: our batch order's seed")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--keep_normalize", action="store_true",
@@ -133,7 +135,7 @@ def main() -> None:
         targs = SentenceTransformerTrainingArguments(
             output_dir=tmp, max_steps=args.steps, per_device_train_batch_size=args.batch_size,
             learning_rate=args.lr, weight_decay=args.weight_decay, warmup_ratio=args.warmup_ratio,
-            lr_scheduler_type="linear", bf16=args.precision == "bf16", use_cpu=True,
+            lr_scheduler_type="linear", bf16=args.precision == "bf16", use_cpu=True, max_grad_norm=args.max_grad_norm,
             batch_sampler=(BatchSamplers.NO_DUPLICATES if args.objective == "mnr" else BatchSamplers.BATCH_SAMPLER)
             if batches is None else (lambda *a, **k: FixedBatches(batches)),
             dataloader_drop_last=args.objective == "mnr", save_strategy="no", report_to="none",

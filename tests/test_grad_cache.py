@@ -175,8 +175,10 @@ def _ddp_worker(rank: int, port: int, out_path: str) -> None:
                 torch.manual_seed(10 + step)
                 model().backward()
             results[cached] = [p.grad.clone() for p in enc.parameters()]
+            del model  # its reducer goes before the process group does
         if rank == 0:
             torch.save(results, out_path)
+        dist.barrier()  # neither rank tears the group down while the other still uses it
     finally:
         dist.destroy_process_group()
 
