@@ -27,9 +27,7 @@ import os
 import tempfile
 
 from common import FixedBatches, set_threads
-
-MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-NLI_FILES = ("nli/snli.test.tsv", "nli/mnli.dev_matched.tsv")
+from st_peer_train import MODEL, NLI_FILES
 
 
 def no_dropout(module) -> None:
@@ -40,7 +38,7 @@ def no_dropout(module) -> None:
             m.p = 0.0
 
 
-def ours(args, record: list[float]):
+def ours(args, record: list[tuple[float, float]]):
     """Our NLISoftmax trained for ``--steps`` steps; (the module, the batches it took, the rows)."""
     import lightning as L
     import torch
@@ -82,7 +80,7 @@ def ours(args, record: list[float]):
     return model, start_classifier, batches, rows
 
 
-def theirs(args, batches, rows, start_classifier, record: list[float], tmp: str):
+def theirs(args, batches, rows, start_classifier, record: list[tuple[float, float]], tmp: str):
     import torch
     from sentence_transformers import (SentenceTransformer, SentenceTransformerTrainer,
                                        SentenceTransformerTrainingArguments)

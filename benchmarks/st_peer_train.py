@@ -57,7 +57,6 @@ def our_batches(objective: str, data_dir: str, args):
     from datamodules import NLIDataModule, STSDataModule
     from encoders.sentence import SentenceEncoder
 
-    rows = training_rows(objective, data_dir)
     common = {"per_device_batch_size": args.batch_size, "group_by_length": args.group_by_length,
               "seed": args.data_seed}
     if objective == "cosine":
@@ -70,7 +69,7 @@ def our_batches(objective: str, data_dir: str, args):
     batches = dm.train_sampler.global_batches()
     if len(batches) < args.steps:
         raise SystemExit(f"--batches ours: {len(batches)} batches in an epoch, fewer than --steps {args.steps}")
-    return dm.train_dataset.select_columns(rows.column_names), batches[: args.steps]
+    return dm.train_dataset.select_columns(list(dm.batch_keys)), batches[: args.steps]
 
 
 def build_loss(objective: str, model):
