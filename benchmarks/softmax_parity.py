@@ -5,19 +5,23 @@ shipped config has it; theirs: handed exactly those batches through a ``batch_sa
 the same rows (our labelled view of ``DIR/nli``), the same start model (offline all-MiniLM-L6-v2,
 mean pooling, no ``Normalize``), the same classifier weights (ours copied into their
 ``SoftmaxLoss``), AdamW lr 2e-5, weight decay 0.01, 10% linear warmup of ``--total_steps`` and
-their default clipping at norm 1.0 on both sides. Dropout is off on both sides (unless
-``--dropout``), so a step is a
-deterministic function of the weights and the batch: equal steps give equal losses up to the
-precision's rounding, and a different step shows as losses that part from the first step on.
+their default clipping at norm 1.0 on both sides (theirs clips the encoder only, ours encoder and
+classifier together, unless ``--match clip_scope``). Dropout is off on both sides (unless
+``--dropout``), so a step is a deterministic function of the weights and the batch: equal steps give
+equal losses, and a different step shows as losses that part from the first step on.
 
 Prints each step's loss on both sides and, at the end, the largest absolute difference between
 the two encoders' weights and between the classifiers' weights. With ``--sts_dir`` both trained
 encoders are also scored on the seven STS tasks (``evaluate.py``'s evaluation, bf16): a whole run
 without dropout (``--steps 300``) shows whether the two trainers end at the same quality when
-nothing random differs but the rounding.
+nothing random differs. With ``--dropout --same_masks`` both sides re-seed torch just
+before their first step: if the two trainers draw and apply their dropout masks the same way, the
+losses then agree step by step as they do without dropout. With ``--match clip_scope`` as well, the
+two runs are equal to the last bit (docs/RESULTS.md, the NLI softmax gap).
 
     python benchmarks/softmax_parity.py --data_dir ../shared/data --steps 20 --precision 32
     python benchmarks/softmax_parity.py --data_dir ../shared/data --steps 300 --precision bf16 --sts_dir ../shared/data/sts
+    python benchmarks/softmax_parity.py --data_dir ../shared/data --steps 6 --precision 32 --dropout --same_masks --match clip_scope
 """
 from __future__ import annotations
 
@@ -52,10 +56,15 @@ def ours(args, record: list[tuple[float, float]]):
     model = NLISoftmax(encoder, lr=2e-5, weight_decay=0.01, warmup_ratio=0.1)
     start_classifier = {k: v.clone() for k, v in model.classifier.state_dict().items()}
     dm = NLIDataModule(train_sources=[os.path.join(args.data_dir, f) for f in NLI_FILES], view="labelled",
-                       per_device_batch_size=args.batch_size, group_by_length=True, seed=args.seed)
+                       per_device_batch_size=args.batch_size, group_by_length=True,
+                       seed=args.seed if args.data_seed is None else args.data_seed)
     dm.use_tokenizer(**encoder.tokenization())
 
     class Record(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if args.same_masks and batch_idx == 0:
+                torch.manual_seed(args.seed)  # theirs does the same before its first step
+
         def on_train_start(self, trainer, pl_module):
             if not args.dropout:
                 no_dropout(pl_module)
@@ -65,11 +74,16 @@ def ours(args, record: list[tuple[float, float]]):
             trainer.lr_scheduler_configs[0].scheduler = get_linear_schedule_with_warmup(
                 scheduler.optimizer, int(0.1 * args.total_steps), args.total_steps)
 
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            if "clip_scope" in args.match:  # their trainer clips the model's parameters, not the loss's classifier
+                torch.nn.utils.clip_grad_norm_(pl_module.encoder.parameters(), 1.0)
+
         def on_train_batch_end(self, trainer, pl_module, outputs, *_):
             record.append((float(outputs["loss"]), trainer.optimizers[0].param_groups[0]["lr"]))
 
     trainer = L.Trainer(
-        accelerator="cpu", devices=1, max_steps=args.steps, gradient_clip_val=1.0,
+        accelerator="cpu", devices=1, max_steps=args.steps,
+        gradient_clip_val=None if "clip_scope" in args.match else 1.0,
         precision="bf16-mixed" if args.precision == "bf16" else "32-true", logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         limit_val_batches=0, num_sanity_val_steps=0, callbacks=[Record()], use_distributed_sampler=False,
@@ -96,11 +110,21 @@ def theirs(args, batches, rows, start_classifier, record: list[tuple[float, floa
         del model[len(model) - 1]  # ours has no Normalize
     loss = SoftmaxLoss(model, model.get_sentence_embedding_dimension(), num_labels=3)
     loss.classifier.load_state_dict(start_classifier)
+    if "classifier_precision" in args.match:
+        linear = loss.classifier.forward
+
+        def fp32_classifier(x):  # ours runs its classifier outside autocast
+            with torch.autocast(x.device.type, enabled=False):
+                return linear(x.float())
+
+        loss.classifier.forward = fp32_classifier
     losses: list[float] = []
     loss.register_forward_hook(lambda module, inputs, output: losses.append(float(output)))
 
     class NoDropout(TrainerCallback):
-        def on_step_begin(self, *_, **__):
+        def on_step_begin(self, _args, state, *_, **__):
+            if args.same_masks and state.global_step == 0:
+                torch.manual_seed(args.seed)  # as ours before its first step: the same mask stream
             if not args.dropout:
                 no_dropout(model)  # (the trainer sets train mode each step; p = 0 stays)
 
@@ -131,12 +155,21 @@ def main() -> None:
     parser.add_argument("--max_length", type=int, default=128)
     parser.add_argument("--precision", choices=["32", "bf16"], default="32")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--data_seed", type=int, default=None, help="our sampler's batch order (default: --seed)")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--sts_dir", default=None, help="score both trained encoders on the seven STS tasks")
     parser.add_argument("--dropout", action="store_true",
                         help="keep dropout on: the two runs then differ in their random masks too")
+    parser.add_argument("--same_masks", action="store_true",
+                        help="with --dropout: re-seed torch just before the first step on both sides, so both "
+                             "draw the same stream of dropout masks")
+    parser.add_argument("--match", action="append", default=[], choices=["clip_scope", "classifier_precision"],
+                        help="remove one difference: clip_scope (ours clips only the encoder, as theirs does), "
+                             "classifier_precision (theirs runs its classifier in fp32, as ours does)")
     parser.add_argument("--print_every", type=int, default=1, help="print every n-th step's losses")
     args = parser.parse_args()
+    if args.same_masks and not args.dropout:
+        parser.error("--same_masks needs --dropout")
     set_threads(args.threads)
     import torch
     import transformers
@@ -159,6 +192,7 @@ def main() -> None:
         moved = max((p.detach() - q).abs().max().item() for p, q in
                     zip(model.classifier.parameters(), start_classifier.values(), strict=True))
         summary = {"precision": args.precision, "steps": args.steps, "seed": args.seed, "dropout": args.dropout,
+                   "data_seed": args.data_seed, "same_masks": args.same_masks, "match": args.match,
                    "max_loss_diff": max(abs(a[0] - b[0]) for a, b in zip(ours_loss, theirs_loss)),
                    "max_encoder_weight_diff": encoder_diff, "max_classifier_weight_diff": classifier_diff,
                    "classifier_moved": moved, "torch": torch.__version__}
