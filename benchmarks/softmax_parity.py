@@ -33,6 +33,8 @@ import tempfile
 from common import FixedBatches, set_threads
 from st_peer_train import MODEL, NLI_FILES
 
+MAX_GRAD_NORM = 1.0  # their trainer's default max_grad_norm; both sides clip at it
+
 
 def no_dropout(module) -> None:
     from torch import nn
@@ -76,14 +78,14 @@ def ours(args, record: list[tuple[float, float]]):
 
         def on_before_optimizer_step(self, trainer, pl_module, optimizer):
             if "clip_scope" in args.match:  # their trainer clips the model's parameters, not the loss's classifier
-                torch.nn.utils.clip_grad_norm_(pl_module.encoder.parameters(), 1.0)
+                torch.nn.utils.clip_grad_norm_(pl_module.encoder.parameters(), MAX_GRAD_NORM)
 
         def on_train_batch_end(self, trainer, pl_module, outputs, *_):
             record.append((float(outputs["loss"]), trainer.optimizers[0].param_groups[0]["lr"]))
 
     trainer = L.Trainer(
         accelerator="cpu", devices=1, max_steps=args.steps,
-        gradient_clip_val=None if "clip_scope" in args.match else 1.0,
+        gradient_clip_val=None if "clip_scope" in args.match else MAX_GRAD_NORM,
         precision="bf16-mixed" if args.precision == "bf16" else "32-true", logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         limit_val_batches=0, num_sanity_val_steps=0, callbacks=[Record()], use_distributed_sampler=False,
@@ -134,7 +136,8 @@ def theirs(args, batches, rows, start_classifier, record: list[tuple[float, floa
     targs = SentenceTransformerTrainingArguments(
         output_dir=os.path.join(tmp, "st-out"), max_steps=args.steps, per_device_train_batch_size=args.batch_size,
         learning_rate=2e-5, weight_decay=0.01, lr_scheduler_type="linear", bf16=args.precision == "bf16",
-        use_cpu=True, batch_sampler=lambda *a, **k: FixedBatches(batches), save_strategy="no", report_to="none",
+        max_grad_norm=MAX_GRAD_NORM, use_cpu=True, batch_sampler=lambda *a, **k: FixedBatches(batches),
+        save_strategy="no", report_to="none",
         logging_strategy="no", disable_tqdm=True, seed=args.seed, dataloader_num_workers=0,
     )
     trainer = SentenceTransformerTrainer(model=model, args=targs, train_dataset=rows, loss=loss,
