@@ -10,21 +10,9 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
+from encoders.padding import pad_token_ids
+
 log = logging.getLogger(__name__)
-
-
-def pad_token_ids(rows: Sequence[Sequence[int]], pad_id: int, multiple: int = 1) -> dict[str, torch.Tensor]:
-    """Right-padded ``input_ids`` and ``attention_mask`` (B, L) from token id lists: the one padding
-    rule of training batches, validation batches and ``SentenceEncoder.encode``. ``multiple`` rounds
-    the width L up to a multiple of it, so a compiled model sees few distinct shapes."""
-    width = max(len(r) for r in rows)
-    width = -(-width // multiple) * multiple
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)  # (B, L)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
-        mask[i, : len(r)] = 1
-    return {"input_ids": ids, "attention_mask": mask}
 
 
 class PadCollator:

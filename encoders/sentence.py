@@ -8,9 +8,8 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-from datamodules.batching import pad_token_ids
-
 from .hub import ModelResolutionError, resolve_model_name
+from .padding import pad_token_ids
 
 Pooling = Literal["mean", "max", "cls", "cls_before_pooler"]
 POOLINGS: tuple[str, ...] = get_args(Pooling)  # the one list of pooling names

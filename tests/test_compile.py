@@ -4,7 +4,7 @@ from torch import nn
 from torch._dynamo.utils import counters
 
 from datamodules import NLIDataModule
-from datamodules.batching import pad_token_ids
+from encoders.padding import pad_token_ids
 from encoders.sentence import SentenceEncoder
 from lightning_modules.mnr import MNR
 
