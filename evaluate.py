@@ -13,13 +13,12 @@ from typing import Literal, Optional, Union
 import torch
 from jsonargparse import CLI
 
+import encoders
 from datamodules import STS_TASKS
-from encoders.checkpoint import encoder_from_checkpoint
-from harness.cli import exit_on_user_error
 from encoders.sentence import Pooling, SentenceEncoder
-from encoders.st_format import check_export_dir, check_exportable, load_sentence_transformers_dir
+from encoders.st_format import check_export_dir, check_exportable
+from harness.cli import exit_on_user_error
 from harness.export import export_run
-from encoders.hub import resolve_model_name
 from harness.sts_eval import evaluate_sts, format_table
 
 
@@ -29,12 +28,8 @@ def load_encoder(ckpt_path: Optional[str], model: Optional[str], pooling: Option
     if ckpt_path is not None:
         if pooling is not None:
             raise ValueError("--pooling applies to --model only: a checkpoint's pooling comes from its own config")
-        encoder, _ = encoder_from_checkpoint(ckpt_path)
-        return encoder, os.path.basename(ckpt_path)
-    path = resolve_model_name(model)
-    if os.path.isfile(os.path.join(path, "modules.json")):  # a sentence-transformers directory, heads included
-        return load_sentence_transformers_dir(path, pooling), model
-    return SentenceEncoder(model, pooling=pooling or "mean").eval(), model
+        return encoders.load(ckpt_path), os.path.basename(ckpt_path)
+    return encoders.load(model, pooling), model
 
 
 def parse_tasks(tasks: str | list[str]) -> list[str]:

@@ -250,12 +250,12 @@ def main(argv: list[str] | None = None) -> dict:
          [fit_tfidf, fit_triplets, "M-FILM fit over TF-IDF"]),
     ]
     if args.model != "none":
-        from encoders.sentence import SentenceEncoder
+        import encoders
 
         name = args.model.rstrip("/").split("/")[-1]
         encode, fit_enc = f"{name}: load and encode every split", f"M-FILM fit over {name}"
         with step(encode):
-            encoder = SentenceEncoder(args.model).eval()
+            encoder = encoders.load(args.model)
             frozen = {s: encoder.encode(sentences[s], batch_size=64, precision=args.precision).double() for s in SPLITS}
         with step(fit_enc):
             film_enc = fit_film(frozen["train"].T, triplets, args.encoder_dim, args.encoder_rank, args)

@@ -23,13 +23,11 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import functools
 import logging
 import math
 import os
-import socket
 from typing import Callable, Sequence, TypeVar
-from urllib.parse import unquote, urlparse
+from urllib.parse import unquote
 
 import datasets
 import numpy as np
@@ -37,6 +35,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from huggingface_hub import constants as hub_constants
 from huggingface_hub import hf_hub_download
+
+from encoders.hub import hub_offline as _hub_offline
+from encoders.hub import hub_unreachable_reason as _hub_unreachable_reason
+from encoders.hub import is_unreachable_error as _unreachable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -109,59 +111,12 @@ def parse_hub_file(source: str) -> tuple[str, str | None, str]:
     return f"{owner}/{name}", revision, "/".join(rest)
 
 
-def _hub_offline() -> bool:
-    """HF_HUB_OFFLINE as huggingface_hub read it at import, or as the environment says now."""
-    now = os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}
-    return now or bool(hub_constants.HF_HUB_OFFLINE)
-
-
-@functools.lru_cache(maxsize=None)
-def _hub_unreachable_reason(endpoint: str) -> str | None:
-    """Why the hub's host cannot be reached (None when it can): one connection attempt of a few
-    seconds, where huggingface_hub would retry with back-off for half a minute or more first."""
-    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
-        return None  # a proxy decides what is reachable: leave it to huggingface_hub
-    url = urlparse(endpoint)
-    host, port = url.hostname, url.port or (80 if url.scheme == "http" else 443)
-    if not host:
-        return None
-    try:
-        socket.create_connection((host, port), timeout=10).close()
-    except OSError as err:
-        return f"{host}: {err.strerror or err}"
-    return None
-
-
-def _unreachable(err: BaseException) -> bool:
-    """Errors by which datasets/huggingface_hub say the hub (or, offline, the cache) has no answer."""
-    from huggingface_hub.errors import LocalEntryNotFoundError, OfflineModeIsEnabled
-
-    kinds: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError, OfflineModeIsEnabled,
-                                               LocalEntryNotFoundError)
-    try:
-        import httpx
-        kinds += (httpx.TransportError,)
-    except ImportError:
-        pass
-    try:
-        import requests
-        kinds += (requests.exceptions.ConnectionError, requests.exceptions.Timeout)
-    except ImportError:
-        pass
-    seen = 0
-    while err is not None and seen < 10:
-        if isinstance(err, kinds):
-            return True
-        err, seen = err.__cause__ or err.__context__, seen + 1
-    return False
-
-
 def _from_hub(source: str, call: Callable[[], T]) -> T:
     """Run one hub call (a download, a ``load_dataset``) with errors a user can act on: one line that
     names the source and how to work offline, instead of a retry loop and a traceback."""
     offline = _hub_offline()
-    way_out = ("to work offline, set HF_HUB_OFFLINE=1 and give a local file in its place "
-               "(a copy already in the Hugging Face cache is then used as it is)")
+    way_out = ("to work offline, set HF_HUB_OFFLINE=1 (a copy already in the Hugging Face cache is then used as "
+               "it is), add a configs/overlays/offline_*.yaml overlay, or give a local file in its place")
     if not offline:
         reason = _hub_unreachable_reason(hub_constants.ENDPOINT)
         if reason is not None:

@@ -1,5 +1,6 @@
 """Models: the shared sentence encoder, FILM's encoder, offline-model resolution, checkpoints and the
-sentence-transformers format.
+sentence-transformers format. ``encoders.load(source)`` is the one way in from a checkpoint, a
+directory or a hub name.
 
 Imports are lazy (PEP 562): ``encoders.hub`` is usable without loading transformers.
 """
@@ -11,6 +12,7 @@ _EXPORTS = {
     "FILMEncoder": "film",
     "encoder_from_checkpoint": "checkpoint",
     "resolve_model_name": "hub",
+    "load": "loader",
 }
 
 __all__ = list(_EXPORTS)

@@ -31,12 +31,7 @@ STS_DIR = os.environ.get("STS_DIR", str(ROOT / "tests" / "fixtures" / "sts"))
 MODEL = os.environ.get("MODEL", "sentence-transformers/all-MiniLM-L6-v2")
 import torch
 import matplotlib.pyplot as plt
-from encoders.sentence import SentenceEncoder
-from encoders.checkpoint import encoder_from_checkpoint
-
-def load(model):
-    # a checkpoint of this codebase (its own pooling) or a model name / directory
-    return encoder_from_checkpoint(model)[0] if model.endswith(".ckpt") else SentenceEncoder(model).eval()
+from encoders import load  # a checkpoint of this codebase (its own pooling), a model directory or a hub name
 """
 
 NOTEBOOKS = {
@@ -88,7 +83,7 @@ for query in ["Will it rain this evening?", "a new mobile phone launch", "someon
         ("code", """\
 import itertools, random
 import numpy as np
-encoder = SentenceEncoder(MODEL).eval()
+encoder = load(MODEL)
 rows = [l.split("\\t") for l in open(Path(STS_DIR) / "stsb.test.tsv", encoding="utf-8").read().splitlines()[1:]]
 pool = [r[0] for r in rows] + [r[1] for r in rows]
 cross_ns = [8, 12, 16] if SMALL else [20, 40, 60, 80]           # 190 .. 3,160 pairs
@@ -143,7 +138,7 @@ n = min(64, len(dev)) if SMALL else len(dev)
 s1, s2, gold = dev["sentence1"][:n], dev["sentence2"][:n], dev["score"][:n]
 results = {}
 for pooling in ["mean", "max", "cls_before_pooler"]:
-    enc = SentenceEncoder(MODEL, pooling=pooling).eval()
+    enc = load(MODEL, pooling=pooling)
     emb = enc.encode(s1 + s2, precision="bf16")
     results[pooling] = spearman_x100(F.cosine_similarity(emb[:n], emb[n:]).numpy(), gold)
     print(f"{pooling:18s} STS-B dev Spearman x 100 = {results[pooling]:.2f}  ({n} pairs)")

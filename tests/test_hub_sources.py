@@ -15,6 +15,7 @@ import yaml
 from huggingface_hub.errors import LocalEntryNotFoundError
 
 import datamodules.io as io
+import encoders.hub as hub
 from datamodules import WikiDataModule
 from datamodules.base import load_sts_pairs, score_range_of
 from datamodules.io import DataError, load_source, parse_hub_file
@@ -155,7 +156,7 @@ def test_unreachable_host_fails_at_once_without_the_retry_loop(monkeypatch):
     monkeypatch.setattr(io, "_hub_offline", lambda: False)
     for var in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(io.socket, "create_connection", no_route)
+    monkeypatch.setattr(hub.socket, "create_connection", no_route)
     monkeypatch.setattr(io.datasets, "load_dataset", never)
     monkeypatch.setattr(io, "hf_hub_download", lambda *a, local_files_only=False, **k:
                         (_ for _ in ()).throw(LocalEntryNotFoundError("not cached")) if local_files_only else never())
