@@ -77,30 +77,29 @@ def test_dclr_complementary_of_another_size_is_an_error(tiny_model_dir):
 
 
 def test_dclr_complementary_of_another_size_is_fine_when_noise_is_not_weighted(tiny_model_dir):
-    # the official large setting: a base complementary model, a large encoder, weight_noise false
+    # the official large setting: a base complementary model, a large encoder; the official form never weights noise
     model = DCLR(SentenceEncoder(tiny_model_dir), complementary_model="sentence-transformers/all-MiniLM-L6-v2",
-                 weight_noise=False)
+                 form="official")
     features = model.encoder.tokenize(["a cat sleeps", "dogs run fast", "it rains today"])
     loss, logs = model.training_loss({"sentence": features})
     assert torch.isfinite(loss) and "masked_fraction" in logs
 
 
 def test_dclr_official_complementary_runs_in_train_mode_through_the_pooler(tiny_model_dir):
-    model = DCLR(SentenceEncoder(tiny_model_dir), complementary_model=tiny_model_dir, complementary_mode="official")
+    # a plain model directory with a pooler: the official code reads pooler_output (a hub SimCSE's trained MLP)
+    model = DCLR(SentenceEncoder(tiny_model_dir), complementary_model=tiny_model_dir, form="official")
+    assert model.complementary_head == "pooler"
     seen = []
     model.complementary.transformer.pooler.register_forward_hook(lambda m, i, o: seen.append(m.training))
     features = model.encoder.tokenize(["a cat sleeps", "dogs run fast", "it rains today", "the band plays"])
-    first = model._complementary_embed(features)
-    second = model._complementary_embed(features)
-    assert seen == [True, True]  # dropout on, pooler output used
-    assert not torch.equal(first, second)  # two dropout masks
+    first, second = model._complementary_views(features)
+    assert seen == [True, True]  # two passes, dropout on, pooler output used
+    assert not torch.equal(first, second)  # two dropout masks: view 1 is scored against view 2
     assert not model.complementary.training  # back in eval mode afterwards
     model.training_loss({"sentence": features})
-    eval_mode = DCLR(SentenceEncoder(tiny_model_dir), complementary_model=tiny_model_dir)
-    seen.clear()
-    eval_mode.complementary.transformer.pooler.register_forward_hook(lambda m, i, o: seen.append(m.training))
-    eval_mode._complementary_embed(features)
-    assert seen == [False]  # the pooler is part of the HF forward, but its output is unused in eval mode
+    paper = DCLR(SentenceEncoder(tiny_model_dir), complementary_model=tiny_model_dir)
+    anchors, candidates = paper._complementary_views(features)
+    assert anchors is candidates and not paper.complementary.training  # the paper form: one eval pass, with itself
 
 
 def test_dclr_acting_options_move_their_diagnostics(tiny_model_dir):

@@ -81,8 +81,7 @@ OBJECTIVES = [
     ("SimCSE", "NLIDataModule", {**TRIPLETS, "model_args": {"mini_batch_size": 3}}),
     ("DCLR", "WikiDataModule", {"encoder_args": SIMCSE_ENCODER, "model_args": {"complementary_model": "TINY"}}),
     ("DCLR", "WikiDataModule", {"encoder_args": SIMCSE_ENCODER, "model_args": {
-        "complementary_model": "TINY", "noise_per": "batch", "noise_objective": "infonce", "weight_noise": False,
-        "masked": "zero_logit", "threshold_rule": "official"}}),
+        "complementary_model": "TINY", "form": "official"}}),
 ]
 OBJECTIVE_IDS = ["NLISoftmax", "STSRegression", "Triplet", "MNR-pairs", "MNR-hard-negatives-symmetric",
                  "MNR-gradcache", "SimCSE-unsup", "SimCSE-sup-gradcache", "DCLR-paper", "DCLR-official"]
