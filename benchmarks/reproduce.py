@@ -1,0 +1,470 @@
+"""A paper's STS table in one command: train with the paper's protocol, evaluate, print the paper's row beside ours.
+
+    python benchmarks/reproduce.py --paper simcse_unsup
+    python benchmarks/reproduce.py --paper sbert_nli --config configs/overlays/offline_nli.yaml \\
+        --config configs/overlays/cpu_300_steps.yaml --sts_dir ../shared/data/sts
+    python benchmarks/reproduce.py --list
+
+Each paper is one or more shipped configs (``--list`` shows them). Training is ``train.py`` on those configs
+as shipped: the config's dev cadence, the best dev checkpoint as the CLI's ModelCheckpoint keeps it, the data
+the config names (the hub's, unless an overlay points elsewhere). Then the seven STS tasks are scored with
+``harness.sts_eval.evaluate_sts`` on the encoder ``encoders.load`` builds from that checkpoint, and the paper's
+row, ours and their difference are printed with the table each paper figure comes from.
+
+A paper of two steps (SBERT's NLI then STS-B) trains the second from the first's best checkpoint
+(``model_name: <ckpt>``, docs/TRAINING.md). Extra ``--config`` overlays and ``--set KEY=VALUE`` overrides
+apply to every step; ``--config STEP:PATH`` and ``--set STEP:KEY=VALUE`` to one step only (the steps of
+``sbert_nli_stsb`` are ``nli`` and ``stsb``), since an NLI overlay does not fit the STS-B data module.
+
+Everything goes to ``OUT/<paper>/seed<S>/`` (``--out``, default ``runs/reproduce``): per step ``<step>/train/``
+(the run), ``<step>/train.log`` and ``<step>/finished.json``; then ``eval.json``, ``result.json`` and
+``result.md``. Nothing there is overwritten. A rerun of the same command resumes: a finished step is not
+trained again, an unfinished one continues with ``--ckpt_path last``, a finished evaluation is read back.
+A folder holding a run of another command (other overlays, overrides, seed or STS data) is refused.
+
+Devices: every visible CUDA device (``devices: auto``; ``strategy: ddp`` when there are several, with the
+per-device batch divided so that the global batch, and with it the in-batch negatives and the step count,
+stays the paper's); one CPU device otherwise. Overlays and ``--set`` come after these and win.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import re
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+# No HF_HUB_OFFLINE default here (other benchmarks set one): the protocol reads the paper's data from the hub.
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from datamodules.sts import STS_TASKS  # noqa: E402
+
+TASK_NAMES = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16",
+              "stsb": "STS-B", "sickr": "SICK-R", "avg": "avg"}
+COLUMNS = (*STS_TASKS, "avg")
+BEST_LINE = re.compile(r"^best checkpoint: (?P<path>.*) \((?P<monitor>[^()]*) = (?P<score>[^()]*)\)\s*$")
+
+
+@dataclass(frozen=True)
+class PaperRow:
+    """Published Spearman x 100 figures; a task the table does not report is absent."""
+    citation: str                      # the paper and the table, e.g. "Gao et al. 2021, Table 5"
+    row: str                           # the row's name in that table
+    scores: dict[str, float]           # task (and "avg") -> figure
+
+
+@dataclass(frozen=True)
+class Paper:
+    title: str
+    steps: tuple[tuple[str, tuple[str, ...]], ...]   # (step name, its configs relative to the repository)
+    paper_row: PaperRow | None
+    note: str = ""
+    start_from_previous: bool = field(default=False)  # a later step starts from the previous step's best checkpoint
+
+
+def _row(values: str) -> dict[str, float]:
+    """``"a b c d e f g avg"`` -> the seven tasks and the average, in the tables' column order."""
+    numbers = [float(v) for v in values.split()]
+    assert len(numbers) == len(COLUMNS)
+    return dict(zip(COLUMNS, numbers))
+
+
+SBERT = "Reimers & Gurevych 2019 (Sentence-BERT, EMNLP)"
+SIMCSE = "Gao et al. 2021 (SimCSE, EMNLP)"
+DCLR = "Zhou et al. 2022 (DCLR, ACL)"
+
+# Figures as the papers print them (the average is the paper's own, not recomputed). SimCSE's STS table is
+# Table 5 of the EMNLP version; its SBERT-NLI-base row quotes SBERT's Table 1. docs/RESULTS.md quotes the
+# averages 74.89, 76.25 and 77.22 and SBERT's Table 2 figures.
+PAPERS: dict[str, Paper] = {
+    "sbert_nli": Paper(
+        "SBERT-NLI-base: softmax classifier on SNLI + MultiNLI",
+        (("nli", ("configs/sbert_nli_softmax.yaml",)),),
+        PaperRow(f"{SBERT}, Table 1", "SBERT-NLI-base",
+                 _row("70.97 76.53 73.19 79.09 74.30 77.03 72.91 74.89"))),
+    "sbert_nli_stsb": Paper(
+        "SBERT-NLI-STSb-base: NLI softmax, then STS-B regression from the NLI model",
+        (("nli", ("configs/sbert_nli_softmax.yaml",)), ("stsb", ("configs/sbert_sts_regression.yaml",))),
+        PaperRow(f"{SBERT}, Table 2", "SBERT-NLI-STSb-base", {"stsb": 85.35}),
+        note="Table 2 reports STS-B test only, 85.35 ± 0.17 over 10 seeds (SBERT-STSb-base, trained on STS-B "
+             "alone: 84.67 ± 0.19); the other columns have no paper figure.",
+        start_from_previous=True),
+    "simcse_unsup": Paper(
+        "Unsupervised SimCSE, BERT-base: dropout views of wiki1m",
+        (("wiki", ("configs/simcse_unsup.yaml",)),),
+        PaperRow(f"{SIMCSE}, Table 5", "SimCSE-BERT-base (unsupervised)",
+                 _row("68.40 82.41 74.38 80.91 78.56 76.85 72.23 76.25"))),
+    "simcse_sup": Paper(
+        "Supervised SimCSE, BERT-base: NLI entailment positives, contradiction hard negatives",
+        (("nli", ("configs/simcse_sup.yaml",)),),
+        PaperRow(f"{SIMCSE}, Table 5", "SimCSE-BERT-base (supervised)",
+                 _row("75.30 84.67 80.19 85.40 80.82 84.25 80.39 81.57"))),
+    "dclr_bert_base": Paper(
+        "DCLR, BERT-base, paper form",
+        (("wiki", ("configs/dclr.yaml",)),),
+        PaperRow(f"{DCLR}, Table 1", "DCLR-BERT-base", _row("70.81 83.73 75.11 82.56 78.44 78.31 71.59 77.22"))),
+    "dclr_bert_large": Paper(
+        "DCLR, BERT-large, paper form",
+        (("wiki", ("configs/dclr.yaml", "configs/dclr/bert_large.yaml")),),
+        PaperRow(f"{DCLR}, Table 1", "DCLR-BERT-large", _row("71.87 84.83 77.37 84.70 79.81 79.55 74.19 78.90")),
+        note="configs/dclr/bert_large.yaml trains as the official run.sh does (from SimCSE's BERT-large "
+             "checkpoint, one epoch), which differs from the paper's own description of this row."),
+    "dclr_roberta_base": Paper(
+        "DCLR, RoBERTa-base, paper form",
+        (("wiki", ("configs/dclr.yaml", "configs/dclr/roberta_base.yaml")),),
+        PaperRow(f"{DCLR}, Table 1", "DCLR-RoBERTa-base", _row("70.01 83.08 75.09 83.66 81.06 81.86 70.33 77.87"))),
+    "dclr_roberta_large": Paper(
+        "DCLR, RoBERTa-large, paper form",
+        (("wiki", ("configs/dclr.yaml", "configs/dclr/roberta_large.yaml")),),
+        PaperRow(f"{DCLR}, Table 1", "DCLR-RoBERTa-large", _row("73.09 84.57 76.13 85.15 81.99 82.35 71.80 79.30")),
+        note="configs/dclr/roberta_large.yaml trains as the official run.sh does (from SimCSE's RoBERTa-large "
+             "checkpoint, one epoch), which differs from the paper's own description of this row."),
+    "mnr_nli": Paper(
+        "In-batch multiple-negatives ranking (MNR) on NLI pairs, BERT-base",
+        (("nli", ("configs/mnr_nli.yaml",)),),
+        None,
+        note="No paper reports MNR on NLI over these seven tasks (Henderson et al. 2017 define the loss; "
+             "sentence-transformers ships it without such a table): ours only."),
+}
+
+
+# -- the command line ----------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("--paper", choices=sorted(PAPERS), help="which paper setting (--list describes them)")
+    parser.add_argument("--list", action="store_true", help="print the papers, their configs and tables, and exit")
+    parser.add_argument("--config", action="append", default=[], metavar="[STEP:]PATH",
+                        help="an overlay merged after the paper's configs (every step, or STEP only)")
+    parser.add_argument("--set", action="append", default=[], metavar="[STEP:]KEY=VALUE",
+                        help="a train.py override, e.g. trainer.max_steps=300 (every step, or STEP only)")
+    parser.add_argument("--sts_dir", default=None,
+                        help="the seven STS tasks (default: the hub's SentEval data, where this version has it)")
+    parser.add_argument("--seed", type=int, default=42, help="seed_everything of every step (default 42)")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "reproduce", help="output folder")
+    parser.add_argument("--eval_precision", default="32", choices=["32", "bf16", "16"],
+                        help="encoding precision of the evaluation (default 32, as the papers)")
+    parser.add_argument("--eval_batch_size", type=int, default=64, help="sentences per encoding batch")
+    args = parser.parse_args(argv)
+    if not args.list and args.paper is None:
+        parser.error("give --paper NAME (or --list)")
+    return args
+
+
+def split_targets(values: list[str], steps: list[str], what: str) -> dict[str, list[str]]:
+    """``[STEP:]VALUE`` items -> step -> values (an item without a step goes to every step); config paths
+    made absolute and checked, overrides checked for ``KEY=VALUE``."""
+    out: dict[str, list[str]] = {s: [] for s in steps}
+    for value in values:
+        prefix, sep, rest = value.partition(":")
+        targeted = sep and prefix in steps and not (what == "--config" and os.path.isfile(value))
+        if not targeted and sep and re.fullmatch(r"\w+", prefix) and not os.path.exists(value):
+            raise SystemExit(f"error: {what} {value!r}: this paper has no step {prefix!r}; its steps: "
+                             f"{', '.join(steps)}")
+        item = rest if targeted else value
+        if what == "--config":
+            if not os.path.isfile(item):
+                raise SystemExit(f"error: --config {item}: no such file")
+            item = str(Path(item).absolute())
+        elif "=" not in item or not item.partition("=")[0]:
+            raise SystemExit(f"error: --set {value!r}: expected KEY=VALUE")
+        for s in ([prefix] if targeted else steps):
+            out[s].append(item)
+    return out
+
+
+def device_arguments() -> tuple[list[str], int]:
+    """train.py arguments that use every visible CUDA device, or one CPU device; and the device count."""
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n == 0:
+        return ["--trainer.accelerator", "cpu", "--trainer.devices", "1"], 1
+    if n == 1:
+        return ["--trainer.accelerator", "gpu", "--trainer.devices", "auto"], 1
+    return ["--trainer.accelerator", "gpu", "--trainer.devices", "auto", "--trainer.strategy", "ddp"], n
+
+
+def default_sts_dir() -> str:
+    """The hub's SentEval data, from the data module when this version provides it."""
+    from datamodules import sts
+
+    finder = getattr(sts, "default_sts_dir", None)
+    if finder is None:
+        raise SystemExit("error: give --sts_dir DIR (this project's TSV layout, e.g. ../shared/data/sts): this "
+                         "version has no download of the hub's SentEval data")
+    return str(finder())
+
+
+# -- one training step ----------------------------------------------------------------------------------
+def train_command(configs: list[str], overlays: list[str], sets: list[str], device_args: list[str], seed: int,
+                  root_dir: Path, extra: list[str] = ()) -> list[str]:
+    """train.py on the paper's configs, then the devices, the overlays, the overrides and ``extra``.
+
+    The run's log directory is fixed (``version_0``): a resumed run continues in it, so ModelCheckpoint
+    restores its record of the best dev score (in a new version directory Lightning would forget it, and the
+    first validation after the resume would count as the best whatever its score).
+    """
+    command = [sys.executable, str(ROOT / "train.py")]
+    command += [a for c in configs for a in ("--config", str(ROOT / c))]
+    command += ["--trainer.enable_progress_bar", "false", *device_args,  # before the overlays: they may change it
+                "--trainer.logger", "lightning.pytorch.loggers.TensorBoardLogger",
+                "--trainer.logger.save_dir", str(root_dir), "--trainer.logger.version", "0"]
+    command += [a for c in overlays for a in ("--config", c)]
+    command += [a for s in sets for a in (f"--{s.partition('=')[0]}", s.partition("=")[2])]
+    command += [*extra, "--seed_everything", str(seed), "--trainer.default_root_dir", str(root_dir),
+                "--ckpt_path", "last"]
+    return command
+
+
+def print_config_value(command: list[str], key: str):
+    """The value of dotted ``key`` in the config ``command`` (a train.py command line) resolves to."""
+    import yaml
+
+    check = [a for a in command if a not in ("--ckpt_path", "last")] + ["--print_config"]
+    out = subprocess.run(check, cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"error: the step's config does not resolve:\n{out.stderr.strip()[-3000:]}")
+    value = yaml.safe_load(out.stdout)
+    for part in key.split("."):
+        value = value[part]
+    return value
+
+
+def keep_global_batch(command: list[str], devices: int) -> list[str]:
+    """Under DDP, divide the per-device batch so the global batch stays the config's (the paper's)."""
+    if devices <= 1:
+        return []
+    batch = int(print_config_value(command, "data.init_args.per_device_batch_size"))
+    if batch % devices:
+        raise SystemExit(f"error: the paper's batch of {batch} does not split over {devices} devices; make "
+                         f"{math.gcd(batch, devices)} visible (CUDA_VISIBLE_DEVICES) or set "
+                         "data.init_args.per_device_batch_size yourself (--set), which changes the global batch")
+    print(f"{devices} CUDA devices: per-device batch {batch // devices}, global batch {batch} as the config's")
+    return ["--data.init_args.per_device_batch_size", str(batch // devices)]
+
+
+def run_training(command: list[str], log_path: Path) -> dict:
+    """Run one train.py command, its output to the console and ``log_path``; the best checkpoint it reports.
+
+    SIGTERM and SIGUSR1 are passed on, so the run saves ``last.ckpt`` before it stops (harness Preemption).
+    """
+    with open(log_path, "a") as log:
+        log.write(f"$ {' '.join(command)}\n")
+        log.flush()
+        child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                 bufsize=1)
+        previous = {s: signal.signal(s, lambda signum, frame: child.send_signal(signum))
+                    for s in (signal.SIGTERM, signal.SIGUSR1)}
+        best = None
+        try:
+            for line in child.stdout:
+                sys.stdout.write(line)
+                log.write(line)
+                match = BEST_LINE.match(line)
+                if match:
+                    best = match.groupdict()
+            code = child.wait()
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+    if code != 0:
+        raise SystemExit(f"error: training failed (exit {code}); see {log_path}. The same command resumes it.")
+    if best is None:
+        raise SystemExit(f"error: training stopped before its end (preempted?); see {log_path}. "
+                         "The same command resumes it.")
+    if not best["path"] or not os.path.isfile(best["path"]):
+        raise SystemExit(f"error: the run kept no best dev checkpoint ({best['monitor']} never logged: no dev "
+                         f"evaluation ran?); see {log_path}")
+    return {"best_checkpoint": best["path"], "monitor": best["monitor"], "dev_score": float(best["score"])}
+
+
+def write_json_once(path: Path, data: dict) -> None:
+    """Write atomically; the file's presence means the work it records is finished."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(partial, path)
+
+
+# -- evaluation and the table ---------------------------------------------------------------------------
+def evaluate_checkpoint(ckpt: str, sts_dir: str, precision: str, batch_size: int) -> dict:
+    import torch
+
+    import encoders
+    from harness.sts_eval import evaluate_sts
+
+    encoder = encoders.load(ckpt)
+    encoder.to("cuda" if torch.cuda.is_available() else "cpu")
+    results = evaluate_sts(lambda s: encoder.encode(s, batch_size=batch_size, precision=precision), sts_dir)
+    return {"checkpoint": ckpt, "sts_dir": sts_dir, "precision": precision, **results}
+
+
+def fmt(value: float | None, signed: bool = False) -> str:
+    if value is None:
+        return "—"
+    return f"{value:+.2f}" if signed else f"{value:.2f}"
+
+
+def comparison(paper: Paper, ours: dict) -> dict:
+    """Paper row, ours and ours - paper per column (None where the paper has no figure)."""
+    row = paper.paper_row.scores if paper.paper_row else {}
+    mine = {c: float(ours[c]) for c in COLUMNS}
+    return {"paper": {c: row.get(c) for c in COLUMNS}, "ours": mine,
+            "difference": {c: (mine[c] - row[c]) if c in row else None for c in COLUMNS}}
+
+
+def table(paper: Paper, compared: dict, seed: int) -> str:
+    lines = ["| | " + " | ".join(TASK_NAMES[c] for c in COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    if paper.paper_row:
+        lines.append(f"| paper: {paper.paper_row.row} | " + " | ".join(fmt(compared["paper"][c]) for c in COLUMNS) + " |")
+    lines.append(f"| ours (seed {seed}) | " + " | ".join(fmt(compared["ours"][c]) for c in COLUMNS) + " |")
+    if paper.paper_row:
+        lines.append("| ours - paper | " + " | ".join(fmt(compared["difference"][c], True) for c in COLUMNS) + " |")
+    return "\n".join(lines)
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        where = f"{len(names)} x {names[0]}" if len(set(names)) == 1 else ", ".join(names)
+    else:
+        where = f"CPU ({cpu_model()}, {os.cpu_count()} cores)"
+    return f"{where}, torch {torch.__version__}"
+
+
+def report(name: str, paper: Paper, args: argparse.Namespace, steps: dict[str, dict], evaluation: dict,
+           commands: dict[str, str]) -> tuple[dict, str]:
+    compared = comparison(paper, evaluation)
+    source = (f"Paper figures: {paper.paper_row.citation}, row \"{paper.paper_row.row}\"." if paper.paper_row
+              else "Paper figures: none.")
+    text = "\n".join([
+        f"## {paper.title} (`--paper {name}`)", "",
+        table(paper, compared, args.seed), "",
+        source + (f" {paper.note}" if paper.note else ""),
+        f"Ours: Spearman x 100 of cosine, SentEval's \"all\" aggregation, on `{evaluation['sts_dir']}`; "
+        f"the best dev checkpoint of each step:",
+        *[f"- {step}: `{info['best_checkpoint']}` ({info['monitor']} = {info['dev_score']:.2f})"
+          for step, info in steps.items()],
+        f"Configs: {'; '.join(' + '.join(c) for _, c in paper.steps)}"
+        + (f"; overlays and overrides: `{' '.join(args.config + ['--set ' + s for s in args.set])}`"
+           if args.config or args.set else ""),
+        f"Measured on {machine()}, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d}.",
+    ])
+    data = {"paper": name, "title": paper.title,
+            "citation": paper.paper_row.citation if paper.paper_row else None,
+            "paper_row_name": paper.paper_row.row if paper.paper_row else None, "note": paper.note,
+            "seed": args.seed, "sts_dir": evaluation["sts_dir"], "eval_precision": evaluation["precision"],
+            **compared, "steps": steps, "commands": commands,
+            "machine": machine(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    return data, text
+
+
+def list_papers() -> None:
+    for name, paper in PAPERS.items():
+        configs = "; then ".join(" + ".join(c) for _, c in paper.steps)
+        cited = f"{paper.paper_row.citation}, \"{paper.paper_row.row}\"" if paper.paper_row else "no paper row"
+        print(f"{name:20s} {paper.title}\n{'':20s} configs: {configs}\n{'':20s} figures: {cited}")
+
+
+# -- main -----------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.list:
+        list_papers()
+        return 0
+    paper = PAPERS[args.paper]
+    step_names = [s for s, _ in paper.steps]
+    overlays = split_targets(args.config, step_names, "--config")
+    sets = split_targets(args.set, step_names, "--set")
+    sts_dir = str(Path(args.sts_dir).absolute()) if args.sts_dir else None
+    if sts_dir is not None and not os.path.isdir(sts_dir):
+        raise SystemExit(f"error: --sts_dir {args.sts_dir}: no such directory")
+    run_dir = (args.out / args.paper / f"seed{args.seed}").absolute()
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+    # One folder, one command: a resume must not mix in a run of other overlays, overrides or data.
+    invocation = {"paper": args.paper, "seed": args.seed, "config": overlays, "set": sets,
+                  "sts_dir": sts_dir, "eval_precision": args.eval_precision}
+    recorded = run_dir / "invocation.json"
+    if recorded.exists():
+        before = json.loads(recorded.read_text())
+        changed = [k for k in invocation if before.get(k) != invocation[k]]
+        if changed:
+            raise SystemExit(f"error: {run_dir} holds a run of another command ({', '.join(changed)} differ: "
+                             f"see {recorded}); choose another --out to keep both")
+    else:
+        write_json_once(recorded, invocation)
+
+    device_args, devices = device_arguments()
+    steps: dict[str, dict] = {}
+    commands: dict[str, str] = {}
+    previous_best = None
+    for step, configs in paper.steps:
+        step_dir = run_dir / step
+        step_dir.mkdir(exist_ok=True)
+        step_sets = list(sets[step])
+        if paper.start_from_previous and previous_best is not None:
+            step_sets.append(f"model.init_args.encoder.init_args.model_name={previous_best}")  # last: it must win
+        command = train_command(list(configs), overlays[step], step_sets, device_args, args.seed, step_dir / "train")
+        finished = step_dir / "finished.json"
+        if finished.exists():
+            info = json.loads(finished.read_text())
+            print(f"step {step}: finished earlier, not retrained (best checkpoint {info['best_checkpoint']})")
+        else:
+            if not any(s.startswith("data.init_args.per_device_batch_size=") for s in step_sets):
+                command = train_command(list(configs), overlays[step], step_sets, device_args, args.seed,
+                                        step_dir / "train", keep_global_batch(command, devices))
+            print(f"step {step}: training (log: {step_dir / 'train.log'})", flush=True)
+            info = run_training(command, step_dir / "train.log")
+            info["command"] = " ".join(command)
+            write_json_once(finished, info)
+        steps[step], commands[step] = info, info.get("command", " ".join(command))
+        previous_best = info["best_checkpoint"]
+
+    eval_path = run_dir / "eval.json"
+    if eval_path.exists():
+        evaluation = json.loads(eval_path.read_text())
+        print(f"evaluation: read back from {eval_path}")
+    else:
+        sts_dir = sts_dir or default_sts_dir()
+        print(f"evaluation: {previous_best} on {sts_dir}", flush=True)
+        evaluation = evaluate_checkpoint(previous_best, sts_dir, args.eval_precision, args.eval_batch_size)
+        write_json_once(eval_path, evaluation)
+
+    data, text = report(args.paper, paper, args, steps, evaluation, commands)
+    print()
+    print(text)
+    for path, content in ((run_dir / "result.json", json.dumps(data, indent=2) + "\n"),
+                          (run_dir / "result.md", text + "\n")):
+        if path.exists():
+            print(f"kept {path} (written by an earlier run of this command)")
+            continue
+        with open(path, "x") as f:
+            f.write(content)
+        print(f"written {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
