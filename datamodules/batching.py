@@ -91,6 +91,13 @@ class SentenceBatchSampler(Sampler[list[int]]):
         self.epoch = 0
         self.skip_batches = 0  # set when resuming mid-epoch (load_state_dict)
         self.batches_yielded = 0  # of the current epoch, skipped ones included
+        # The epoch's batches done, in this run's batches, when a resume re-expressed a position saved
+        # with other batches (harness.callbacks.ResumedEpochPosition hands it to Lightning's loop).
+        self.resumed_batches_done: int | None = None
+        # Examples of epoch ``_trained_epoch`` trained before a resume on another number of devices or
+        # batch size: that epoch's rest is laid out in this run's batches, without them.
+        self._trained: np.ndarray | None = None
+        self._trained_epoch = -1
         self._global_batches: list[list[int]] | None = None
         self._built_for_epoch = -1
 
@@ -177,20 +184,43 @@ class SentenceBatchSampler(Sampler[list[int]]):
 
     def global_batches(self) -> list[list[int]]:
         if self._built_for_epoch != self.epoch or self._global_batches is None:
-            size = self.batch_size * self.num_replicas
-            batches = self._split(self._order(), size)
-            if batches and len(batches[-1]) < size:
-                if self.drop_last:
-                    batches = batches[:-1]
-                elif self.num_replicas > 1:  # every rank needs an equal share
-                    pool = [i for b in batches for i in b]
-                    need = size - len(batches[-1])
-                    batches[-1] = batches[-1] + (pool * (need // len(pool) + 1))[:need]
-            if self.shuffle and self.group_by_length:
-                random.Random(self.seed + self.epoch + 1).shuffle(batches)
-            self._global_batches = batches
+            trained = self._trained if self._trained_epoch == self.epoch else None
+            self._global_batches = self._layout() if trained is None else self._rest_layout(trained)
             self._built_for_epoch = self.epoch
         return self._global_batches
+
+    def _layout(self) -> list[list[int]]:
+        size = self.batch_size * self.num_replicas
+        batches = self._split(self._order(), size)
+        if batches and len(batches[-1]) < size:
+            if self.drop_last:
+                batches = batches[:-1]
+            elif self.num_replicas > 1:  # every rank needs an equal share
+                pool = [i for b in batches for i in b]
+                need = size - len(batches[-1])
+                batches[-1] = batches[-1] + (pool * (need // len(pool) + 1))[:need]
+        if self.shuffle and self.group_by_length:
+            random.Random(self.seed + self.epoch + 1).shuffle(batches)
+        return batches
+
+    def _rest_layout(self, trained: np.ndarray) -> list[list[int]]:
+        """The epoch's examples not in ``trained``, in the epoch's order, in this run's batches; in
+        front, as many empty batches as make the epoch as long as an uninterrupted one (they count
+        as done). The incomplete last batch is dropped with ``drop_last``; otherwise on several
+        devices it is completed only to a multiple of the device count (fewer repeats than
+        ``_layout``'s full batch): the rest of an epoch is seldom a whole number of batches."""
+        size = self.batch_size * self.num_replicas
+        rest = [i for i in self._order() if not trained[i]]
+        batches = self._split(rest, size)
+        if batches and len(batches[-1]) < size:
+            if self.drop_last:
+                batches = batches[:-1]
+            elif len(batches[-1]) % self.num_replicas:
+                need = self.num_replicas - len(batches[-1]) % self.num_replicas
+                batches[-1] = batches[-1] + (rest * need)[:need]
+        if self.shuffle and self.group_by_length:
+            random.Random(self.seed + self.epoch + 1).shuffle(batches)
+        return [[] for _ in range(max(0, len(self._layout()) - len(batches)))] + batches
 
     def __iter__(self) -> Iterator[list[int]]:
         batches = self.global_batches()
@@ -208,36 +238,88 @@ class SentenceBatchSampler(Sampler[list[int]]):
         return len(self.global_batches())
 
     # -- resuming mid-epoch --------------------------------------------------------------------
-    def state_dict(self, batches_done: int | None = None) -> dict[str, int]:
+    def state_dict(self, batches_done: int | None = None) -> dict[str, Any]:
         """Where the epoch stands: its number and how many of its batches are done.
 
         ``batches_done`` defaults to the batches yielded so far; a data loader reads ahead of
         training, so a caller that knows how many batches training has finished passes that.
-        The rest identifies the batch order, to detect a resume with other data or settings.
+        The rest identifies the batch order, to detect a resume with other data or settings, and
+        (``trained``, after a resume on other settings) the examples of this epoch trained before
+        its current layout began, packed eight to a byte.
         """
-        return {"epoch": self.epoch, "batches_done": self.batches_yielded if batches_done is None else batches_done,
-                "num_batches": len(self), "num_examples": len(self.lengths), "seed": self.seed,
-                "num_replicas": self.num_replicas}
+        state: dict[str, Any] = {
+            "epoch": self.epoch, "batches_done": self.batches_yielded if batches_done is None else batches_done,
+            "num_batches": len(self), "num_examples": len(self.lengths), "seed": self.seed,
+            "num_replicas": self.num_replicas, "batch_size": self.batch_size}
+        if self._trained is not None and self._trained_epoch == self.epoch:
+            state["trained"] = torch.from_numpy(np.packbits(self._trained))
+        return state
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue the saved epoch after its finished batches: the next ``iter()`` yields the rest.
 
-        The order is rebuilt from seed and epoch, so nothing is replayed or skipped as long as the
-        data, batch size, seed and number of devices are those of the saved run; otherwise the
-        run continues from the same fraction of the epoch, with a warning.
+        The order is rebuilt from seed and epoch, so with the data, batch size, seed and number of
+        devices of the saved run nothing is replayed or skipped. With the same data and seed on
+        another number of devices or batch size, the saved run's batches are rebuilt to know which
+        examples of the epoch it trained, and the epoch continues with the others, in the epoch's
+        order and this run's batches (``_rest_layout``): none is seen twice or skipped, save the
+        incomplete last batch's handling. With other data or seed the run continues from the same
+        fraction of the epoch. Both warn (on rank 0: once per job).
         """
         self.set_epoch(int(state["epoch"]))
         done = int(state["batches_done"])
-        same = all(state.get(k) == v for k, v in (("num_examples", len(self.lengths)), ("seed", self.seed),
-                                                   ("num_replicas", self.num_replicas)))
-        if not same or state["num_batches"] != len(self):
-            log.warning(
-                "resuming with other training data or settings (%d examples, seed %d, %d devices, %d batches per "
-                "epoch; the checkpoint had %s, %s, %s, %s): the batch order differs, so some examples of this epoch "
-                "may be seen twice or not at all", len(self.lengths), self.seed, self.num_replicas, len(self),
-                state.get("num_examples"), state.get("seed"), state.get("num_replicas"), state["num_batches"],
-            )
+        self.resumed_batches_done = None
+        self._trained, self._trained_epoch = None, -1
+        saved_trained = state.get("trained")
+        if saved_trained is not None:
+            saved_trained = np.unpackbits(saved_trained.numpy(), count=len(self.lengths)).astype(bool)
+        same_data = state.get("num_examples") == len(self.lengths) and state.get("seed") == self.seed
+        same_batches = same_data and state.get("num_replicas") == self.num_replicas \
+            and state.get("batch_size", self.batch_size) == self.batch_size  # older checkpoints lack it
+        if same_batches and saved_trained is not None:  # a layout re-expressed by an earlier resume
+            self._trained, self._trained_epoch = saved_trained, self.epoch
+        self._built_for_epoch = -1
+        if same_batches and state["num_batches"] == len(self):
+            pass  # the saved run's own batches: continue after its finished ones
+        elif same_data and not same_batches and "batch_size" in state:
+            saved = SentenceBatchSampler(
+                self.lengths, int(state["batch_size"]), shuffle=self.shuffle, drop_last=self.drop_last,
+                group_by_length=self.group_by_length, unique_keys=self.unique_keys, seed=self.seed,
+                num_replicas=int(state["num_replicas"]))
+            saved._shared = self._shared
+            saved.set_epoch(self.epoch)
+            if saved_trained is not None:
+                saved._trained, saved._trained_epoch = saved_trained, self.epoch
+            trained = np.zeros(len(self.lengths), dtype=bool) if saved_trained is None else saved_trained.copy()
+            for batch in saved.global_batches()[:done]:
+                trained[batch] = True
+            if done < len(saved):
+                self._trained, self._trained_epoch = trained, self.epoch
+                self._built_for_epoch = -1
+                done = sum(1 for batch in self.global_batches() if not batch)
+                then = f"epoch {self.epoch} continues with the {int((~trained).sum())} examples it has not trained on"
+            else:
+                done = len(self)  # the saved epoch is over (the next epoch starts below)
+                then = f"epoch {self.epoch} was complete; epoch {self.epoch + 1} starts from its beginning"
+            self.resumed_batches_done = done
+            if self.rank == 0:
+                log.warning(
+                    "resuming on %d device(s) with %d examples per device and step; the checkpoint was saved on %s with "
+                    "%s: %s, in this run's batches; steps and the learning-rate schedule continue from the "
+                    "checkpoint's step", self.num_replicas, self.batch_size, state["num_replicas"], state["batch_size"],
+                    then)
+        else:
+            if self.rank == 0:
+                log.warning(
+                    "resuming with other training data or settings (%d examples, seed %d, %d devices, %d batches "
+                    "per epoch; the checkpoint had %s, %s, %s, %s): the batch order differs, so some examples of "
+                    "this epoch may be seen twice or not at all", len(self.lengths), self.seed, self.num_replicas,
+                    len(self), state.get("num_examples"), state.get("seed"), state.get("num_replicas"),
+                    state["num_batches"])
+            self._trained, self._trained_epoch = None, -1
+            self._built_for_epoch = -1
             done = round(done * len(self) / max(1, state["num_batches"]))
+            self.resumed_batches_done = min(done, len(self))
         if done >= len(self):  # saved after the epoch's last batch: the next epoch starts from its beginning
             self.set_epoch(self.epoch + 1)
             done = 0

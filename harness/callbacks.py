@@ -1,5 +1,6 @@
-"""Callbacks the CLI adds to every run: the final and periodic ``last.ckpt``, preemption, a stop
-at the first non-finite loss, and the random state that makes a resumed run continue exactly."""
+"""Callbacks the CLI adds to every run: the final and periodic ``last.ckpt`` (with a free-space check
+at set-up), preemption, a stop at the first non-finite loss, and the random state and epoch position
+that make a resumed run continue exactly."""
 from __future__ import annotations
 
 import glob
@@ -20,6 +21,8 @@ import torch.distributed as dist
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from .checkpoint import check_free_space
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +116,22 @@ class PeriodicCheckpoint(_AfterOptimizerSteps):
         self.every_n_train_steps = every_n_train_steps
         self.every_n_minutes = every_n_minutes
         self._last_save = time.monotonic()
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # Before the first validation and training: a disk that cannot hold one checkpoint would
+        # otherwise be found at the first save. Rank 0 writes the checkpoints, so it decides.
+        callback = trainer.checkpoint_callback
+        directory = str(callback.dirpath) if isinstance(callback, ModelCheckpoint) and callback.dirpath \
+            else str(trainer.default_root_dir)
+        problem = None
+        if trainer.is_global_zero:
+            try:
+                check_free_space(directory, pl_module)
+            except ValueError as err:
+                problem = err
+        problem = trainer.strategy.broadcast(problem)
+        if problem is not None:
+            raise problem
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_train_start(trainer, pl_module)
@@ -305,3 +324,29 @@ class RandomState(Callback):
             ranks = self._pending
             self._pending = None
             _set_rng_state(ranks[trainer.global_rank] if len(ranks) == trainer.world_size else ranks[0])
+
+
+class ResumedEpochPosition(Callback):
+    """Tell Lightning where a resumed epoch stands when the data module re-expressed it.
+
+    The batch sampler continues an epoch saved on another number of devices (or with another batch
+    size) in this run's batches (``SentenceBatchSampler.load_state_dict``); the epoch's batch count
+    Lightning restored is still in the saved run's batches. Left so, the epoch would end early (a
+    count past this run's batches per epoch) or repeat its start. The counts are set to the
+    sampler's before the epoch loop starts; a resume on unchanged settings is left alone.
+    """
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        sampler = getattr(trainer.datamodule, "train_sampler", None)
+        target = getattr(sampler, "resumed_batches_done", None)
+        if target is None:
+            return
+        sampler.resumed_batches_done = None
+        # The loop's count of this epoch's batches (ready/started/processed/completed); the epoch
+        # loop resets the others to ``completed`` (+1 when saved after a batch) as it restarts.
+        current = trainer.fit_loop.epoch_loop.batch_progress.current
+        shift = target - current.processed
+        current.ready += shift
+        current.started += shift
+        current.processed += shift
+        current.completed += shift

@@ -22,8 +22,8 @@ from encoders.hub import ModelResolutionError
 from lightning_modules.base import SentenceEmbeddingModule
 
 from .allocator import keep_freed_memory
-from .callbacks import (NonFiniteLossError, PeriodicCheckpoint, Preemption, RandomState, SaveFinalState,
-                        StopOnNonFiniteLoss, checkpoint_dirs)
+from .callbacks import (NonFiniteLossError, PeriodicCheckpoint, Preemption, RandomState, ResumedEpochPosition,
+                        SaveFinalState, StopOnNonFiniteLoss, checkpoint_dirs)
 from .checkpoint import AtomicCheckpointIO, CheckpointError, CheckpointWriteError, load_checkpoint, newest_checkpoint
 
 # Every DataModule of the CLI is a SentenceDataModule, which restores its place in the epoch
@@ -89,6 +89,7 @@ class SentenceCLI(LightningCLI):
         parser.add_lightning_class_args(Preemption, "preemption")
         parser.add_lightning_class_args(StopOnNonFiniteLoss, "stop_on_nonfinite_loss")
         parser.add_lightning_class_args(RandomState, "random_state")
+        parser.add_lightning_class_args(ResumedEpochPosition, "resumed_epoch_position")
         parser.set_defaults({
             "checkpoint.monitor": "val/stsb_spearman",
             "checkpoint.mode": "max",

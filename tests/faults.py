@@ -52,7 +52,8 @@ def row_fingerprints(batch: dict[str, Any]) -> list[str]:
 
 
 class RecordExamples(Callback):
-    """Append one JSON line per finished training step: the global step and the examples it trained on.
+    """Append one JSON line per finished training step and rank: the global step, the examples it trained on
+    and the learning rate the scheduler set after it.
 
     Written at the end of the step, so a step killed half-way is not counted; flushed at once,
     so what a SIGKILL leaves behind is complete.
@@ -64,7 +65,8 @@ class RecordExamples(Callback):
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         line = {"pid": os.getpid(), "time": time.time(), "step": trainer.global_step, "epoch": trainer.current_epoch,
-                "rank": trainer.global_rank, "rows": row_fingerprints(batch)}
+                "rank": trainer.global_rank, "world": trainer.world_size, "rows": row_fingerprints(batch),
+                "lr": trainer.optimizers[0].param_groups[0]["lr"]}  # the rate the next step will use
         with open(self.path, "a") as f:
             f.write(json.dumps(line) + "\n")
 
