@@ -12,46 +12,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from .batching import PadCollator, SentenceBatchSampler
-from .io import (DataError, check_text_columns, fetch_hub_file, is_hub_file, is_local, load_source, parse_hub_file,
-                 parse_scores, quiet_progress, require_columns, token_counts)
+from .io import DataError, fetch_hub_file, is_hub_file, quiet_progress, token_counts
 
 log = logging.getLogger(__name__)
-
-
-# Hub datasets that name the STS columns differently (SICK's own names, as in the hub's RobZamp/sick).
-STS_COLUMN_ALIASES = {"sentence_A": "sentence1", "sentence_B": "sentence2", "relatedness_score": "score"}
-
-
-def score_range_of(source: str) -> tuple[float, float]:
-    """Documented gold-score ranges: SICK-R 1-5, the hub's normalised STS-B 0-1, other STS 0-5.
-
-    A local file is known by its name (``sickr.dev.tsv``), a hub source by its repository and path.
-    """
-    if is_local(source):
-        repo, name = None, os.path.basename(source).lower()
-    elif is_hub_file(source):
-        repo, _, path = parse_hub_file(source)
-        repo, name = repo.lower(), f"{repo}/{path}".lower()
-    else:
-        repo = name = source.split(":")[0].lower()
-    if "sick" in name:
-        return (1.0, 5.0)
-    if repo == "sentence-transformers/stsb":
-        return (0.0, 1.0)
-    return (0.0, 5.0)
-
-
-def load_sts_pairs(source: str, score_range: tuple[float, float] | None = None) -> datasets.Dataset:
-    """An STS file or hub split as columns sentence1, sentence2, score (rescaled to [0, 1])."""
-    ds = load_source(source)
-    aliases = {k: v for k, v in STS_COLUMN_ALIASES.items() if k in ds.column_names and v not in ds.column_names}
-    ds = ds.rename_columns(aliases) if aliases else ds
-    require_columns(ds, ["sentence1", "sentence2", "score"], source)
-    check_text_columns(ds, ["sentence1", "sentence2"], source)
-    low, high = score_range or score_range_of(source)
-    scores = [(s - low) / (high - low) for s in parse_scores(ds, "score", source, low, high)]
-    ds = ds.select_columns(["sentence1", "sentence2"])
-    return ds.add_column("score", scores)
 
 
 class SentenceDataModule(L.LightningDataModule):
@@ -223,6 +186,8 @@ class SentenceDataModule(L.LightningDataModule):
                     f"{self.per_device_batch_size} x {world} devices"
                 )
         if stage in (None, "fit", "validate") and not self.val_datasets:
+            from .sts import load_sts_pairs  # the STS module builds on this one: import at use
+
             for name, source in self.validation_sources().items():
                 pairs = load_sts_pairs(source)
                 self.val_datasets[name] = self.tokenize(pairs, ["sentence1", "sentence2"], self.eval_max_length)

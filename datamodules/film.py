@@ -10,9 +10,10 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset
 
-from .base import SentenceDataModule, load_sts_pairs
+from .base import SentenceDataModule
 from .io import DataError
 from .nli import load_nli
+from .sts import load_sts_pairs
 from .triplets import NO_TRIPLETS, nli_triplets, triplets_from_scored_pairs
 
 log = logging.getLogger(__name__)

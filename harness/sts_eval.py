@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from scipy.stats import spearmanr
 
-from datamodules import STS_TASKS, load_sts_pairs, sts_task_files
+from datamodules import STS_TASKS, load_sts_task
 
 
 def senteval_text(sentence: str) -> str:
@@ -43,7 +43,8 @@ def evaluate_sts(
     sts_dir: str,
     tasks: Sequence[str] = STS_TASKS,
 ) -> dict[str, object]:
-    """Run the STS tasks with an ``encode(sentences) -> (N, H)`` function.
+    """Run the STS tasks with an ``encode(sentences) -> (N, H)`` function on the data in ``sts_dir``:
+    this project's TSV layout or SentEval's data folder (``datamodules.sts.sts_layout``).
 
     Returns ``{task: all-Spearman, ..., "avg": mean, "subsets": {task: {subset: Spearman}}}``.
     """
@@ -51,8 +52,7 @@ def evaluate_sts(
     subsets_out: dict[str, dict[str, float]] = {}
     for task in tasks:
         subsets = {}
-        for subset, path in sts_task_files(sts_dir, task).items():
-            pairs = load_sts_pairs(path)
+        for subset, pairs in load_sts_task(sts_dir, task).items():
             s1 = [senteval_text(s) for s in pairs["sentence1"]]
             s2 = [senteval_text(s) for s in pairs["sentence2"]]
             emb = encode(s1 + s2).float()  # (2N, H), one call so shared sentences batch together

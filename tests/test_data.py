@@ -1,7 +1,7 @@
 import pytest
 
 from datamodules import NLIDataModule, STSDataModule, WikiDataModule
-from datamodules.base import load_sts_pairs
+from datamodules.sts import load_sts_pairs
 from datamodules.batching import SentenceBatchSampler
 from datamodules.io import DataError
 from datamodules.nli import load_nli
