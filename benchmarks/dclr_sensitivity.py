@@ -3,8 +3,9 @@
     python benchmarks/dclr_sensitivity.py --out docs/dclr_sensitivity.png \\
         --phi phi=0.5:runs/grid/dclr_phi/phi=0.5/seed42 ... --k k=1:runs/grid/dclr_paper/base/seed42 ...
 
-Each point is LABEL=VALUE:CELL, a grid cell directory holding ``dev.json`` (the last validation's
-figures). Cells that have not finished are left out and listed.
+Each point is LABEL=VALUE:CELL, a grid cell directory holding ``dev.json`` (the dev figures of the
+checkpoint the cell scored: the last, or with ``grid.py --select best`` the best). Cells that have not
+finished are left out and listed.
 """
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ def main() -> None:
             ax.plot(xs, [d[dev] for x, d in got if dev in d], marker="o", label=f"{dev} dev")
         ax.set_xlabel(name)
         ax.set_ylabel("Spearman x 100")
-        print(name, [(x, {k: round(v, 2) for k, v in d.items()}) for x, d in got], "not finished:", missing)
+        print(name, [(x, {k: round(d[k], 2) for k in ("stsb", "sickr") if k in d}) for x, d in got],
+              "not finished:", missing)
     axes[0].legend()
     fig.tight_layout()
     fig.savefig(args.out, dpi=110)

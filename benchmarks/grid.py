@@ -2,16 +2,24 @@
 
     python benchmarks/grid.py --name dclr_phi --config configs/dclr.yaml --config configs/overlays/offline_wiki.yaml \
         --config configs/overlays/cpu_300_steps.yaml --vary model.init_args.phi=0.5,0.7,0.9 --seeds 42,43,44 \
-        --sts_dir ../shared/data/sts [--set model.init_args.complementary_model=PATH] [--jobs 2]
+        --sts_dir ../shared/data/sts [--set model.init_args.complementary_model=PATH] [--select best] [--jobs 2]
 
 A cell is one combination of the ``--vary`` values and one seed; it lives in ``OUT/NAME/<values>/seed<S>/``:
 ``train/`` (the run's logs and checkpoints, trained with ``--ckpt_path last``, so a stopped cell resumes
-where it stopped), ``train.log``, then ``eval.json`` (``evaluate.py`` on the last checkpoint: the same rule
-for every method, no model selection) and ``dev.json`` (the last validation's dev figures). A cell whose
-``eval.json`` exists is skipped, so the command resumes after a stop and never overwrites a result.
-Each finished cell also writes its hyperparameters with its dev and seven-task figures to TensorBoard's
-HParams tab (``tensorboard --logdir OUT/NAME``). At the end the markdown table (mean ± std over seeds) is
-printed and written to ``OUT/NAME/table.md``.
+where it stopped), ``train.log``, then ``eval.json`` (``evaluate.py`` on the selected checkpoint),
+``dev.json`` (that checkpoint's dev figures and step) and ``model.ckpt`` (a link to it, a stable path for a
+later grid's ``--set``). ``--select last`` (the default) scores the last checkpoint, the same rule for every
+method; ``--select best`` the best by the config's ``checkpoint.monitor`` (the papers' model selection). A
+cell whose ``eval.json`` exists is skipped, so the command resumes after a stop and never overwrites a result.
+
+``{seed}`` in a ``--set`` or ``--vary`` value is replaced by the cell's seed, so each seed can take its own
+complementary model: ``--set model.init_args.complementary_model=runs/grid/simcse/base/seed{seed}/model.ckpt``.
+
+Each finished cell writes to TensorBoard's HParams tab (``tensorboard --logdir OUT/NAME``) every ``--set`` and
+``--vary`` value under its full key, the seed, the data seed (the batch order: ``data.init_args.seed`` when
+set, else the seed), the configs and the selection rule, with its dev and seven-task figures; ``hp_metric`` is
+the seven-task average. The training runs log no ``hp_metric`` of their own (Lightning's placeholder -1). At
+the end the markdown table (mean ± std over seeds) is printed and written to ``OUT/NAME/table.md``.
 
 ``--jobs 2 --threads 1`` runs two one-thread cells at a time: on 2 cores that is faster than one
 two-thread cell after another.
@@ -22,6 +30,7 @@ import argparse
 import itertools
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -55,9 +64,27 @@ def last_checkpoint(train_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def last_dev(train_dir: Path) -> dict[str, float]:
-    """The last logged ``val/<name>_spearman`` of each dev set (the last checkpoint's, since the run
-    validates on its final step)."""
+BEST_STEP = re.compile(r"best-step(\d+)")
+
+
+def best_checkpoint(train_dir: Path) -> Path | None:
+    """The checkpoint ModelCheckpoint kept as best by the config's monitor (``best-step<N>-...``)."""
+    found = sorted((p for p in train_dir.glob("**/checkpoints/best-step*.ckpt") if BEST_STEP.search(p.name)),
+                   key=os.path.getmtime)
+    return found[-1] if found else None
+
+
+def dev_at(train_dir: Path, step: int | None) -> dict[str, float]:
+    """``val/<name>_spearman`` of each dev set for the checkpoint of global step ``step`` (None: the last
+    logged, the last checkpoint's, since the run validates on its final step). A validation inside training
+    is logged at the step before the optimizer step count its checkpoint is named by (Lightning's logging
+    step counts the batches stepped before that validation)."""
+    if step is not None:
+        return _dev_at(train_dir, step - 1) or _dev_at(train_dir, step)
+    return _dev_at(train_dir, None)
+
+
+def _dev_at(train_dir: Path, step: int | None) -> dict[str, float]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out: dict[str, float] = {}
@@ -67,15 +94,35 @@ def last_dev(train_dir: Path) -> dict[str, float]:
         for name in DEV:
             tag = f"val/{name}_spearman"
             if tag in acc.Tags()["scalars"]:
-                out[name] = float(acc.Scalars(tag)[-1].value)
+                values = [e.value for e in acc.Scalars(tag) if step is None or e.step == step]
+                if values:
+                    out[name] = float(values[-1])
     return out
 
 
-def write_hparams(cell: Path, hparams: dict[str, str], metrics: dict[str, float]) -> None:
+def last_dev(train_dir: Path) -> dict[str, float]:
+    return dev_at(train_dir, None)
+
+
+def cell_hparams(args: argparse.Namespace, assignment: dict[str, str], seed: int) -> dict[str, str | int]:
+    """What tells this cell apart: every ``--set`` and ``--vary`` value under its full key, the seed, the data
+    seed (the batch order), the configs and the selection rule."""
+    fixed = {k: v for k, _, v in (o.partition("=") for o in args.set)}
+    values = {k: v.replace("{seed}", str(seed)) for k, v in {**fixed, **assignment}.items()}
+    data_seed = values.get("data.init_args.seed", str(seed))  # the data module's default: the run's seed
+    return {**values, "seed": seed, "data_seed": int(data_seed) if data_seed.lstrip("-").isdigit() else data_seed,
+            "config": " + ".join(Path(c).name for c in args.config), "select": args.select}
+
+
+def write_hparams(cell: Path, hparams: dict[str, str | int], metrics: dict[str, float]) -> None:
+    """The cell's HParams entry; ``hp_metric`` (TensorBoard's default metric column) is the seven-task average."""
     from torch.utils.tensorboard import SummaryWriter
 
+    values = {f"hparam/{k}": v for k, v in metrics.items()}
+    if "avg" in metrics:
+        values["hp_metric"] = metrics["avg"]
     with SummaryWriter(log_dir=str(cell / "hparams")) as writer:
-        writer.add_hparams(hparams, {f"hparam/{k}": v for k, v in metrics.items()}, run_name=".")
+        writer.add_hparams(hparams, values, run_name=".")
 
 
 def run_cell(args: argparse.Namespace, cell: Path, assignment: dict[str, str], seed: int) -> dict | None:
@@ -87,11 +134,14 @@ def run_cell(args: argparse.Namespace, cell: Path, assignment: dict[str, str], s
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT))
     if args.threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
-    overrides = [*args.set, *(f"{k}={v}" for k, v in assignment.items())]
+    overrides = [o.replace("{seed}", str(seed)) for o in [*args.set, *(f"{k}={v}" for k, v in assignment.items())]]
+    # Lightning's own logger, but without its hp_metric placeholder (-1): the cell's HParams entry has the real one.
+    logger = json.dumps({"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                         "init_args": {"save_dir": str(cell / "train"), "default_hp_metric": False}})
     command = [sys.executable, str(ROOT / "train.py"), *[a for c in args.config for a in ("--config", c)],
                *[a for o in overrides for a in (f"--{o.partition('=')[0]}", o.partition("=")[2])],
                "--seed_everything", str(seed), "--trainer.default_root_dir", str(cell / "train"),
-               "--trainer.enable_progress_bar", "false", "--ckpt_path", "last"]
+               "--trainer.logger", logger, "--trainer.enable_progress_bar", "false", "--ckpt_path", "last"]
     (cell / "command").write_text(" ".join(command) + "\n")
     print(f"train {cell.relative_to(args.out)}", flush=True)
     start = time.time()
@@ -99,7 +149,13 @@ def run_cell(args: argparse.Namespace, cell: Path, assignment: dict[str, str], s
         if subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
             print(f"FAILED {cell.relative_to(args.out)}: see {cell / 'train.log'}", flush=True)
             return None
-        ckpt = last_checkpoint(cell / "train")
+        ckpt = (best_checkpoint if args.select == "best" else last_checkpoint)(cell / "train")
+        if ckpt is None:
+            print(f"FAILED {cell.relative_to(args.out)}: no {args.select} checkpoint under {cell / 'train'}", flush=True)
+            return None
+        link = cell / "model.ckpt"
+        link.unlink(missing_ok=True)
+        link.symlink_to(ckpt.relative_to(cell))
         partial = cell / "eval.json.partial"
         partial.unlink(missing_ok=True)  # a stop during evaluation leaves this; evaluate again
         evaluation = [sys.executable, str(ROOT / "evaluate.py"), "--ckpt_path", str(ckpt), "--sts_dir", args.sts_dir,
@@ -107,14 +163,14 @@ def run_cell(args: argparse.Namespace, cell: Path, assignment: dict[str, str], s
         if subprocess.run(evaluation, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
             print(f"FAILED evaluation of {cell.relative_to(args.out)}: see {cell / 'train.log'}", flush=True)
             return None
-    dev = last_dev(cell / "train")
-    (cell / "dev.json").write_text(json.dumps(dev, indent=2) + "\n")
+    step = int(BEST_STEP.search(ckpt.name).group(1)) if args.select == "best" else None
+    dev = dev_at(cell / "train", step)
+    (cell / "dev.json").write_text(json.dumps({**dev, "select": args.select, "step": step}, indent=2) + "\n")
     results = json.loads(partial.read_text())
     scores = {t: float(results[t]) for t in STS_TASKS if t in results}
     if "avg" in results:
         scores["avg"] = float(results["avg"])
-    write_hparams(cell, {**assignment, "seed": str(seed), "config": " + ".join(Path(c).name for c in args.config)},
-                  {**scores, **{f"dev_{k}": v for k, v in dev.items()}})
+    write_hparams(cell, cell_hparams(args, assignment, seed), {**scores, **{f"dev_{k}": v for k, v in dev.items()}})
     (cell / "wall_s").write_text(f"{time.time() - start:.0f}\n")  # training and evaluation, this attempt
     os.replace(partial, cell / "eval.json")  # last: its presence means the cell is finished
     print(f"done  {cell.relative_to(args.out)}: avg {scores.get('avg', float('nan')):.2f} "
@@ -158,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=1, help="cells trained at the same time")
     parser.add_argument("--threads", type=int, default=None, help="torch threads of each cell")
     parser.add_argument("--eval_precision", default="bf16", choices=["32", "bf16", "16"])
+    parser.add_argument("--select", default="last", choices=["last", "best"],
+                        help="the checkpoint scored: the last, or the best by the config's checkpoint.monitor")
     parser.add_argument("--table_only", action="store_true", help="print the table of what has finished; run nothing")
     args = parser.parse_args(argv)
     for o in args.set:
