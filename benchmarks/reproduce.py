@@ -240,17 +240,23 @@ def print_config_value(command: list[str], key: str):
     return value
 
 
+def per_device_share(batch: int, devices: int) -> int:
+    """The per-device batch that keeps a global batch of ``batch`` over ``devices`` devices."""
+    if batch % devices:
+        raise SystemExit(f"error: the paper's batch of {batch} does not split over {devices} devices; make "
+                         f"{math.gcd(batch, devices)} visible (CUDA_VISIBLE_DEVICES) or set "
+                         "data.init_args.per_device_batch_size yourself (--set), which changes the global batch")
+    return batch // devices
+
+
 def keep_global_batch(command: list[str], devices: int) -> list[str]:
     """Under DDP, divide the per-device batch so the global batch stays the config's (the paper's)."""
     if devices <= 1:
         return []
     batch = int(print_config_value(command, "data.init_args.per_device_batch_size"))
-    if batch % devices:
-        raise SystemExit(f"error: the paper's batch of {batch} does not split over {devices} devices; make "
-                         f"{math.gcd(batch, devices)} visible (CUDA_VISIBLE_DEVICES) or set "
-                         "data.init_args.per_device_batch_size yourself (--set), which changes the global batch")
-    print(f"{devices} CUDA devices: per-device batch {batch // devices}, global batch {batch} as the config's")
-    return ["--data.init_args.per_device_batch_size", str(batch // devices)]
+    share = per_device_share(batch, devices)
+    print(f"{devices} CUDA devices: per-device batch {share}, global batch {batch} as the config's")
+    return ["--data.init_args.per_device_batch_size", str(share)]
 
 
 def run_training(command: list[str], log_path: Path) -> dict:

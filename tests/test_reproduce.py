@@ -48,6 +48,30 @@ def test_step_targets_and_bad_arguments(tmp_path):
         reproduce.split_targets(["trainer.max_steps"], ["nli"], "--set")
 
 
+def test_every_visible_gpu_with_the_papers_global_batch(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert reproduce.device_arguments() == (["--trainer.accelerator", "cpu", "--trainer.devices", "1"], 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert reproduce.device_arguments() == (["--trainer.accelerator", "gpu", "--trainer.devices", "auto"], 1)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    args, devices = reproduce.device_arguments()
+    assert devices == 4 and args[-2:] == ["--trainer.strategy", "ddp"] and "auto" in args
+    # SimCSE's 64 sentences over 4 devices: 16 each, the same 64 in-batch candidates once gathered
+    assert reproduce.per_device_share(64, 4) == 16 and reproduce.per_device_share(512, 8) == 64
+    with pytest.raises(SystemExit, match="batch of 16 does not split over 3 devices"):
+        reproduce.per_device_share(16, 3)
+
+
+@pytest.mark.slow
+def test_the_batch_kept_under_ddp_is_the_resolved_configs(tmp_path):
+    """SBERT's batch is 16 (the paper's); its config leaves it to the data module's default."""
+    command = reproduce.train_command(["configs/sbert_nli_softmax.yaml"], [], [], [], 42, tmp_path / "run")
+    assert reproduce.keep_global_batch(command, 2) == ["--data.init_args.per_device_batch_size", "8"]
+
+
 @pytest.mark.slow
 def test_two_step_paper_offline_prints_the_table_writes_results_and_resumes(tmp_path, tiny_model_dir, fixtures_dir,
                                                                              capsys):
@@ -88,6 +112,7 @@ def test_two_step_paper_offline_prints_the_table_writes_results_and_resumes(tmp_
     for info in (nli, stsb):
         assert "/checkpoints/best-" in info["best_checkpoint"] and info["monitor"] == "val/stsb_spearman"
     assert f"--model.init_args.encoder.init_args.model_name {nli['best_checkpoint']} " in stsb["command"]
+    assert all(info["command"].endswith("--ckpt_path last") for info in (nli, stsb))  # a stopped step resumes
     import encoders
     from harness.sts_eval import evaluate_sts
 
