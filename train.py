@@ -1,32 +1,12 @@
-"""Train any objective: ``python train.py --config configs/X.yaml [--trainer.max_steps 200 ...]``."""
-from __future__ import annotations
-
-import torch
-
-from harness.cli import SentenceCLI, check_output_dirs, exit_on_user_error, resolve_resume
-
-
-@exit_on_user_error
-def main(args: list[str] | None = None) -> SentenceCLI:
-    cli = SentenceCLI(args=args)
-    cli.model.run_config = cli.parser.dump(cli.config, skip_none=False, skip_check=True)
-    check_output_dirs(cli.trainer)
-    ckpt_path = resolve_resume(cli.config.ckpt_path, cli.trainer, cli.model)
-    if cli.config.validate_first and ckpt_path is None:
-        cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
-    log_dir = cli.trainer.log_dir  # a collective call under DDP: every rank must make it
-    if cli.trainer.is_global_zero:
-        callback = cli.trainer.checkpoint_callback
-        print(f"run directory:   {log_dir}")
-        print(f"best checkpoint: {callback.best_model_path} ({callback.monitor} = {float(callback.best_model_score or 0):.2f})")
-        print(f"tensorboard:     tensorboard --logdir {log_dir}")
-    # Tear the process group down before exit: left to interpreter shutdown, a DDP rank's gloo threads
-    # could outlive it and abort the process ("terminate called without an active exception").
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
-    return cli
-
+"""Train any objective: ``python train.py --config configs/X.yaml [--trainer.max_steps 200 ...]``
+(installed: ``sentemb-train``). The command line lives in ``harness/train_cli.py``, so that an
+installed package carries it; ``harness/launch.py`` first checks, in a second, that a hub the run
+needs can be reached."""
+import sys
 
 if __name__ == "__main__":
-    main()
+    from harness.launch import train
+
+    sys.exit(train())
+
+from harness.train_cli import SentenceCLI, main  # noqa: E402,F401  (tests and notebooks call them)

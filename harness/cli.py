@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from argparse import ArgumentError
 import tempfile
 import warnings
 from datetime import timedelta
@@ -22,6 +23,7 @@ from encoders.hub import ModelResolutionError
 from lightning_modules.base import SentenceEmbeddingModule
 
 from .allocator import keep_freed_memory
+from .arguments import HELP_HINT, CommandLineError, explain, help_formatter, resolve_config_args
 from .callbacks import (NonFiniteLossError, PeriodicCheckpoint, Preemption, RandomState, ResumedEpochPosition,
                         SaveFinalState, StopOnNonFiniteLoss, checkpoint_dirs)
 from .checkpoint import AtomicCheckpointIO, CheckpointError, CheckpointWriteError, load_checkpoint, newest_checkpoint
@@ -63,13 +65,40 @@ class SentenceCLI(LightningCLI):
     (``--ddp_timeout_minutes``).
     """
 
-    def __init__(self, **kwargs) -> None:
+    EXAMPLES = """\
+Train a paper's setting, override any key, run it offline on local data:
+
+  python train.py --config configs/sbert_nli_softmax.yaml
+  python train.py --config configs/sbert_sts_regression.yaml --trainer.max_steps 200 --model.init_args.lr 3e-5
+  python train.py --config configs/simcse_unsup.yaml --config configs/overlays/offline_wiki.yaml
+
+Installed from a wheel, the same command is `sentemb-train`, and configs/NAME.yaml names the shipped
+configs from any directory (`sentemb-configs` lists them). A key that does not exist is refused.
+"""
+
+    def __init__(self, args: list[str] | None = None, **kwargs) -> None:
         kwargs.setdefault("save_config_kwargs", {"overwrite": False})
         kwargs.setdefault("save_config_callback", SaveConfig)
+        # Errors are raised, not printed under a usage block; no prefix of an option stands for it.
+        kwargs["parser_kwargs"] = {"exit_on_error": False, "allow_abbrev": False, "description": self.EXAMPLES,
+                                   "usage": "%(prog)s --config CONFIG [--config OVERLAY ...] [--KEY VALUE ...]",
+                                   "formatter_class": help_formatter(),
+                                   **kwargs.get("parser_kwargs", {})}
+        if args is None:  # a script's own command line (Lightning warns when args and sys.argv both speak)
+            sys.argv[1:] = resolve_config_args(sys.argv[1:])
+        else:
+            args = resolve_config_args(args)
         super().__init__(
             SentenceEmbeddingModule, SentenceDataModule, subclass_mode_model=True, subclass_mode_data=True,
-            run=False, **kwargs,
+            run=False, args=args, **kwargs,
         )
+
+    def parse_arguments(self, parser, args) -> None:
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as err:
+            argv = sys.argv[1:] if args is None else list(args)
+            raise CommandLineError(explain(err, argv, parser.parse_args)) from None
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--ckpt_path", type=Optional[str], default=None,
@@ -218,6 +247,8 @@ def exit_on_user_error(main: Callable[[], object]) -> Callable[[], object]:
             if os.environ.get("SENTEMB_DEBUG"):
                 raise
             print(f"error: {root_cause(err)}", file=sys.stderr)
+            if isinstance(err, CommandLineError):
+                print(HELP_HINT, file=sys.stderr)
             sys.exit(3 if isinstance(err, RUN_ERRORS) else 2)
 
     return wrapper

@@ -119,7 +119,7 @@ def test_first_tour_command_without_the_hub_is_one_line_in_seconds():
     assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert errors[0].startswith("error: model 'bert-base-uncased': the Hugging Face hub cannot be reached")
     assert "HF_HUB_OFFLINE=1" in errors[0] and "offline_" in errors[0]
-    assert elapsed < 30, elapsed  # imports included; the hub itself answers in well under a second here
+    assert elapsed < 10, elapsed  # harness/launch.py answers before Lightning's imports
 
 
 @pytest.mark.slow
@@ -138,10 +138,27 @@ def test_hub_data_without_the_hub_is_one_line_in_seconds(tiny_model_dir, tmp_pat
     assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert errors[0].startswith("error: sentence-transformers/stsb:train: the Hugging Face hub cannot be reached")
     assert "HF_HUB_OFFLINE=1" in errors[0]
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 10
 
 
 def test_evaluate_names_a_missing_model_directory(tmp_path):
     result = run_script("evaluate.py", "--model", str(tmp_path / "my-encodr"), "--sts_dir", "tests/fixtures/sts")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == f"error: no such model directory: {tmp_path / 'my-encodr'}"
+
+
+def test_the_launch_check_finds_what_a_run_needs_from_the_hub(monkeypatch, tiny_model_dir):
+    from harness.launch import hub_error
+
+    monkeypatch.setattr(hub, "hub_offline", lambda: False)
+    monkeypatch.setattr(hub, "hub_unreachable_reason", lambda endpoint: "no route")
+    monkeypatch.setattr(hub, "_cached_snapshot", lambda repo_id: None)
+    paper = ["--config", "configs/simcse_unsup.yaml"]
+    assert hub_error(paper).startswith("model 'bert-base-uncased': the Hugging Face hub cannot be reached (no route)")
+    offline = paper + ["--config", "configs/overlays/offline_wiki.yaml"]
+    assert hub_error(offline) is None  # the offline model, local sentences, dev sets from data.sts_dir
+    hub_data = offline + ["--data.init_args.train_source", "hf://datasets/o/n/wiki.txt"]
+    assert hub_error(hub_data).startswith("hf://datasets/o/n/wiki.txt: the Hugging Face hub cannot be reached")
+    assert hub_error(offline + [f"--model.init_args.encoder.init_args.model_name={tiny_model_dir}"]) is None
+    monkeypatch.setattr(hub, "hub_offline", lambda: True)
+    assert hub_error(paper) is None  # offline: the cache decides, in the run itself

@@ -1,0 +1,1 @@
+"""The shipped configs, installed as the package ``sentemb_configs`` (``sentemb-configs`` lists them)."""

@@ -1,0 +1,124 @@
+"""``evaluate.py`` / ``sentemb-evaluate``: SentEval-exact STS evaluation of a checkpoint or a model.
+
+    python evaluate.py --ckpt_path RUN.ckpt --sts_dir DIR [--tasks [sts12,stsb]] [--output results.json]
+    python evaluate.py --model sentence-transformers/all-MiniLM-L6-v2 --sts_dir DIR
+    python evaluate.py --ckpt_path RUN.ckpt --export DIR [--sts_dir DIR]   # a sentence-transformers directory
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from argparse import ArgumentError
+from typing import Literal, Optional, Union
+
+import torch
+
+import encoders
+from datamodules import STS_TASKS
+from encoders.sentence import Pooling, SentenceEncoder
+from encoders.st_format import check_export_dir, check_exportable
+from .arguments import CommandLineError, explain, help_formatter
+from .cli import exit_on_user_error
+from .export import export_run
+from .sts_eval import evaluate_sts, format_table
+
+
+def load_encoder(ckpt_path: Optional[str], model: Optional[str], pooling: Optional[str]) -> tuple[SentenceEncoder, str]:
+    if (ckpt_path is None) == (model is None):
+        raise ValueError("give exactly one of --ckpt_path and --model")
+    if ckpt_path is not None:
+        if pooling is not None:
+            raise ValueError("--pooling applies to --model only: a checkpoint's pooling comes from its own config")
+        return encoders.load(ckpt_path), os.path.basename(ckpt_path)
+    return encoders.load(model, pooling), model
+
+
+def parse_tasks(tasks: str | list[str]) -> list[str]:
+    """``stsb``, ``stsb,sickr``, ``[stsb, sickr]`` or a list: the task names, checked."""
+    items = tasks if isinstance(tasks, list) else str(tasks).strip().strip("[]").split(",")
+    names = [str(t).strip().strip("'\"") for t in items if str(t).strip()]
+    unknown = [t for t in names if t not in STS_TASKS]
+    if unknown or not names:
+        raise ValueError(f"--tasks: {', '.join(unknown) or 'none given'}; choose from {', '.join(STS_TASKS)}")
+    return names
+
+
+@exit_on_user_error
+def evaluate(
+    sts_dir: Optional[str] = None,
+    ckpt_path: Optional[str] = None,
+    model: Optional[str] = None,
+    pooling: Optional[Pooling] = None,
+    tasks: Union[str, list[str]] = ",".join(STS_TASKS),
+    output: Optional[str] = None,
+    batch_size: int = 64,
+    precision: Literal["32", "bf16", "16"] = "32",
+    device: Optional[str] = None,
+    export: Optional[str] = None,
+) -> dict:
+    """Evaluate sentence embeddings on the STS tasks (Spearman x 100 of cosine similarity).
+
+    Args:
+        sts_dir: directory of sts12.<subset>.tsv ... sts16.<subset>.tsv, stsb.test.tsv, sickr.test.tsv.
+        ckpt_path: a checkpoint written by train.py (pooling and model come from its config).
+        model: hub name, local Hugging Face directory or sentence-transformers directory.
+        pooling: pooling for --model (default: the sentence-transformers config's, else mean).
+        tasks: which of the seven tasks: ``stsb``, ``stsb,sickr`` or ``[stsb,sickr]``.
+        output: write the results as JSON here (never overwrites an existing file).
+        batch_size: sentences per encoding batch.
+        precision: 32, or bf16/16 autocast.
+        device: cpu, cuda, ... (default: cuda when available).
+        export: also write the model as a sentence-transformers directory here (new or empty),
+            with a model card holding the STS results when --sts_dir is given.
+    """
+    tasks = parse_tasks(tasks)
+    if export is not None:
+        check_export_dir(export)  # before any work
+    elif sts_dir is None:
+        raise ValueError("give --sts_dir (evaluate), --export (export) or both")
+    if sts_dir is None and output is not None:
+        raise ValueError("--output needs --sts_dir: there are no results to write")
+    if output is not None and os.path.exists(output):
+        raise FileExistsError(f"{output}: already exists; choose another --output (results are never overwritten)")
+    encoder, name = load_encoder(ckpt_path, model, pooling)
+    if export is not None:
+        check_exportable(encoder)  # before minutes of evaluation
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    encoder.to(device)
+    if sts_dir is None:
+        export_run(encoder, export, ckpt_path, source=name)
+        return {}
+    results = evaluate_sts(
+        lambda s: encoder.encode(s, batch_size=batch_size, precision=precision), sts_dir, tasks
+    )
+    print(format_table({name: results}, tasks))
+    if output is not None:
+        with open(output, "x") as f:
+            json.dump({"model": name, "pooling": encoder.pooling, "precision": precision, **results}, f, indent=2)
+        print(f"results written to {output}")
+    if export is not None:
+        export_run(encoder, export, ckpt_path, results, precision, source=name)
+    return results
+
+
+def main(args: list[str] | None = None) -> None:
+    """``python evaluate.py ...`` / ``sentemb-evaluate ...``: options as ``evaluate``'s arguments; an
+    unknown or abbreviated option is one error line, as in train.py."""
+    _run_cli(args)
+
+
+@exit_on_user_error
+def _run_cli(args: list[str] | None) -> None:
+    from jsonargparse import ActionConfigFile, ArgumentParser
+
+    parser = ArgumentParser(prog="evaluate.py", exit_on_error=False, allow_abbrev=False,
+                            description=(evaluate.__doc__ or "").split("\n\n")[0], formatter_class=help_formatter())
+    parser.add_argument("--config", action=ActionConfigFile, help="options from a YAML file")
+    parser.add_function_arguments(evaluate, as_positional=False)
+    argv = sys.argv[1:] if args is None else list(args)
+    try:
+        config = parser.parse_args(argv)
+    except ArgumentError as err:
+        raise CommandLineError(explain(err, argv, parser.parse_args)) from None
+    evaluate(**{k: v for k, v in vars(config).items() if k != "config"})

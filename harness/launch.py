@@ -1,0 +1,130 @@
+"""``train.py``'s first second: does the run need the Hugging Face hub, and can it reach it?
+
+Importing Lightning and transformers takes several seconds before a run looks at its config. A
+run whose hub is unreachable (HF_HUB_OFFLINE unset, no network) would spend them, and then meet the
+hub. This reads the configs and overrides with YAML alone, finds the hub models and hub data the run
+names, and when the hub's host does not answer a connection within seconds, ends with the one
+error line that the run itself would give, before those imports. Nothing here is needed for a
+correct run: a config it cannot read is left to the full command line, which explains the error.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Iterator, Sequence
+
+MODEL_KEYS = ("model_name", "complementary_model")
+DATA_KEYS = ("train_source", "train_sources", "val_sources")
+LOCAL_SUFFIXES = (".tsv", ".csv", ".jsonl", ".json", ".txt", ".parquet", ".ckpt")
+
+
+def _merged_config(args: Sequence[str]) -> dict[str, Any]:
+    """The configs and ``--a.b.c value`` overrides of a command line, merged in order (YAML only)."""
+    import yaml
+
+    from .arguments import resolve_config_args
+
+    merged: dict[str, Any] = {}
+    args = resolve_config_args(args)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--"):
+            i += 1
+            continue
+        key, value = (arg[2:].split("=", 1) + [None])[:2] if "=" in arg else (arg[2:], None)
+        if value is None:
+            value = args[i + 1] if i + 1 < len(args) and not args[i + 1].startswith("--") else None
+            i += 1
+        i += 1
+        if value is None:
+            continue
+        if key in ("config", "c"):
+            with open(value) as f:
+                _merge(merged, yaml.safe_load(f) or {})
+        else:
+            node = merged
+            *parents, last = key.split(".")
+            for part in parents:
+                node = node.setdefault(part, {}) if isinstance(node.get(part), dict) or part not in node else {}
+            node[last] = yaml.safe_load(value)
+    return merged
+
+
+def _merge(into: dict, new: dict) -> None:
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def _values(config: Any, keys: Sequence[str]) -> Iterator[str]:
+    """Every string under one of ``keys``, at any depth (lists and dicts of sources included)."""
+    if isinstance(config, dict):
+        for key, value in config.items():
+            if key in keys:
+                items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else [value]
+                yield from (v for v in items if isinstance(v, str))
+            else:
+                yield from _values(value, keys)
+    elif isinstance(config, list):
+        for item in config:
+            yield from _values(item, keys)
+
+
+def _without_replaced_dev_sets(config: Any) -> Any:
+    """``data.sts_dir`` replaces the ``stsb`` and ``sickr`` dev sets by name (``SentenceDataModule``)."""
+    data = (config.get("data") or {}).get("init_args") or {} if isinstance(config, dict) else {}
+    if isinstance(data, dict) and data.get("sts_dir") and isinstance(data.get("val_sources"), dict):
+        data["val_sources"] = {k: v for k, v in data["val_sources"].items() if k not in ("stsb", "sickr")}
+    return config
+
+
+def _is_hub_data(source: str) -> bool:
+    if source.startswith("hf://"):
+        return True
+    return not os.path.exists(source) and not source.lower().endswith(LOCAL_SUFFIXES)
+
+
+def hub_error(args: Sequence[str]) -> str | None:
+    """The error line for a run that needs an unreachable hub, or None (reachable, offline, or not needed)."""
+    from encoders.hub import (OFFLINE_MODEL_NAMES, OFFLINE_WAYS, _cached_snapshot, hub_offline, hub_unreachable_reason,
+                              looks_like_path, verified_offline_copy)
+
+    if hub_offline():
+        return None
+    try:
+        config = _without_replaced_dev_sets(_merged_config(args))
+    except Exception:  # unreadable: the full command line will say why
+        return None
+    models = [m for m in _values(config, MODEL_KEYS)
+              if not os.path.isdir(m) and not looks_like_path(m) and m != "self"
+              and not (m in OFFLINE_MODEL_NAMES and verified_offline_copy() is not None)]
+    data = [s for s in _values(config, DATA_KEYS) if _is_hub_data(s)]
+    if not models and not data:
+        return None
+    from huggingface_hub import constants
+
+    reason = hub_unreachable_reason(constants.ENDPOINT)
+    if reason is None:
+        return None
+    for model in models:
+        if _cached_snapshot(model) is None:
+            return f"model {model!r}: the Hugging Face hub cannot be reached ({reason}) and its cache has no copy; {OFFLINE_WAYS}"
+    if data:
+        return (f"{data[0]}: the Hugging Face hub cannot be reached ({reason}); to work offline, set HF_HUB_OFFLINE=1 (a "
+                "copy already in the Hugging Face cache is then used as it is), add a configs/overlays/offline_*.yaml "
+                "overlay, or give a local file in its place")
+    return None
+
+
+def train() -> None:
+    """``sentemb-train`` and ``python train.py``: the hub check, then the full command line."""
+    message = None if os.environ.get("SENTEMB_DEBUG") else hub_error(sys.argv[1:])
+    if message is not None:
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+    from .train_cli import main
+
+    main()
