@@ -26,8 +26,10 @@ quickstart: $(STAMP)
 	echo "" && \
 	echo "This table was computed on the fixture sample (tests/fixtures/sts, a few dozen pairs per task):" && \
 	echo "it shows that the pipeline runs, and is not comparable with the papers' figures." && \
-	echo "To score this model on the real STS data:" && \
-	echo "  python evaluate.py --ckpt_path $$ckpt --sts_dir ../shared/data/sts"
+	echo "To score this model on the real STS data (SentEval's STS data from the hub, or --sts_dir DIR):" && \
+	echo "  python evaluate.py --ckpt_path $$ckpt" && \
+	echo "The run's files (checkpoint, TensorBoard logs, config.yaml; remove with make clean):" && \
+	du -sh "$$(dirname "$$(dirname "$$ckpt")")" "$$ckpt"
 
 test: $(STAMP)
 	$(PYTHON) -m pytest -q -ra tests
