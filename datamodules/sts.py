@@ -110,8 +110,9 @@ def _has_tsv_layout(sts_dir: str) -> bool:
 def _is_senteval_downstream(path: str) -> bool:
     sts = os.path.join(path, "STS")
     known = [f"{t.upper()}-en-test" for t in SENTEVAL_SUBSETS] + ["STSBenchmark"]
-    return (os.path.isdir(sts) and any(os.path.isdir(os.path.join(sts, k)) for k in known)) or \
-        os.path.isfile(os.path.join(path, SENTEVAL_SPLIT_FILES["sickr"]["test"]))
+    if os.path.isdir(sts) and any(os.path.isdir(os.path.join(sts, k)) for k in known):
+        return True
+    return os.path.isfile(os.path.join(path, SENTEVAL_SPLIT_FILES["sickr"]["test"]))
 
 
 def sts_layout(sts_dir: str) -> tuple[Literal["tsv", "senteval"], str]:
