@@ -9,7 +9,9 @@ Each paper is one or more shipped configs (``--list`` shows them). Training is `
 as shipped: the config's dev cadence, the best dev checkpoint as the CLI's ModelCheckpoint keeps it, the data
 the config names (the hub's, unless an overlay points elsewhere). Then the seven STS tasks are scored with
 ``harness.sts_eval.evaluate_sts`` on the encoder ``encoders.load`` builds from that checkpoint, and the paper's
-row, ours and their difference are printed with the table each paper figure comes from.
+row, ours and their difference are printed with the table each paper figure comes from. The STS data is
+``--sts_dir`` (this project's TSV layout or SentEval's data folder) or, by default, SentEval's data from the hub
+(SimCSE's ``senteval.tar``, downloaded once into the Hugging Face cache); it is found before any training.
 
 A paper of two steps (SBERT's NLI then STS-B) trains the second from the first's best checkpoint
 (``model_name: <ckpt>``, docs/TRAINING.md). Extra ``--config`` overlays and ``--set KEY=VALUE`` overrides
@@ -25,6 +27,9 @@ A folder holding a run of another command (other overlays, overrides, seed or ST
 Devices: every visible CUDA device (``devices: auto``; ``strategy: ddp`` when there are several, with the
 per-device batch divided so that the global batch, and with it the in-batch negatives and the step count,
 stays the paper's); one CPU device otherwise. Overlays and ``--set`` come after these and win.
+
+Bad input ends with one ``error:`` line and exit code 2; a training step that fails or stops early (a
+preemption) with one ``error:`` line naming its log, and a non-zero code: the same command then resumes it.
 """
 from __future__ import annotations
 
@@ -53,6 +58,16 @@ TASK_NAMES = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "ST
               "stsb": "STS-B", "sickr": "SICK-R", "avg": "avg"}
 COLUMNS = (*STS_TASKS, "avg")
 BEST_LINE = re.compile(r"^best checkpoint: (?P<path>.*) \((?P<monitor>[^()]*) = (?P<score>[^()]*)\)\s*$")
+
+
+class ReproduceError(ValueError):
+    """Bad input: one ``error:`` line and exit code 2, as every script of the project."""
+
+
+def stop(message: str, code: int) -> None:
+    """A training step that failed or stopped: one ``error:`` line (its log has the rest) and a non-zero exit."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(code if code > 0 else 3)
 
 
 @dataclass(frozen=True)
@@ -148,7 +163,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--set", action="append", default=[], metavar="[STEP:]KEY=VALUE",
                         help="a train.py override, e.g. trainer.max_steps=300 (every step, or STEP only)")
     parser.add_argument("--sts_dir", default=None,
-                        help="the seven STS tasks (default: the hub's SentEval data, where this version has it)")
+                        help="the seven STS tasks: this project's TSV layout or SentEval's data folder (default: "
+                             "SentEval's data from the hub, SimCSE's senteval.tar, downloaded once)")
     parser.add_argument("--seed", type=int, default=42, help="seed_everything of every step (default 42)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "reproduce", help="output folder")
     parser.add_argument("--eval_precision", default="32", choices=["32", "bf16", "16"],
@@ -168,15 +184,15 @@ def split_targets(values: list[str], steps: list[str], what: str) -> dict[str, l
         prefix, sep, rest = value.partition(":")
         targeted = sep and prefix in steps and not (what == "--config" and os.path.isfile(value))
         if not targeted and sep and re.fullmatch(r"\w+", prefix) and not os.path.exists(value):
-            raise SystemExit(f"error: {what} {value!r}: this paper has no step {prefix!r}; its steps: "
+            raise ReproduceError(f"{what} {value!r}: this paper has no step {prefix!r}; its steps: "
                              f"{', '.join(steps)}")
         item = rest if targeted else value
         if what == "--config":
             if not os.path.isfile(item):
-                raise SystemExit(f"error: --config {item}: no such file")
+                raise ReproduceError(f"--config {item}: no such file")
             item = str(Path(item).absolute())
         elif "=" not in item or not item.partition("=")[0]:
-            raise SystemExit(f"error: --set {value!r}: expected KEY=VALUE")
+            raise ReproduceError(f"--set {value!r}: expected KEY=VALUE")
         for s in ([prefix] if targeted else steps):
             out[s].append(item)
     return out
@@ -195,14 +211,11 @@ def device_arguments() -> tuple[list[str], int]:
 
 
 def default_sts_dir() -> str:
-    """The hub's SentEval data, from the data module when this version provides it."""
-    from datamodules import sts
+    """SentEval's data from the hub (SimCSE's senteval.tar), downloaded and checked once, then cached; without
+    the hub or a cached copy, a DataError naming the local ways."""
+    from datamodules.sts import default_sts_dir as hub_senteval_dir
 
-    finder = getattr(sts, "default_sts_dir", None)
-    if finder is None:
-        raise SystemExit("error: give --sts_dir DIR (this project's TSV layout, e.g. ../shared/data/sts): this "
-                         "version has no download of the hub's SentEval data")
-    return str(finder())
+    return str(hub_senteval_dir())
 
 
 # -- one training step ----------------------------------------------------------------------------------
@@ -233,7 +246,8 @@ def print_config_value(command: list[str], key: str):
     check = [a for a in command if a not in ("--ckpt_path", "last")] + ["--print_config"]
     out = subprocess.run(check, cwd=ROOT, capture_output=True, text=True)
     if out.returncode != 0:
-        raise SystemExit(f"error: the step's config does not resolve:\n{out.stderr.strip()[-3000:]}")
+        last = (out.stderr.strip().splitlines() or ["(no output)"])[-1].removeprefix("error: ")
+        raise ReproduceError(f"the step's config does not resolve: {last}")
     value = yaml.safe_load(out.stdout)
     for part in key.split("."):
         value = value[part]
@@ -243,7 +257,7 @@ def print_config_value(command: list[str], key: str):
 def per_device_share(batch: int, devices: int) -> int:
     """The per-device batch that keeps a global batch of ``batch`` over ``devices`` devices."""
     if batch % devices:
-        raise SystemExit(f"error: the paper's batch of {batch} does not split over {devices} devices; make "
+        raise ReproduceError(f"the paper's batch of {batch} does not split over {devices} devices; make "
                          f"{math.gcd(batch, devices)} visible (CUDA_VISIBLE_DEVICES) or set "
                          "data.init_args.per_device_batch_size yourself (--set), which changes the global batch")
     return batch // devices
@@ -284,12 +298,11 @@ def run_training(command: list[str], log_path: Path) -> dict:
             for s, handler in previous.items():
                 signal.signal(s, handler)
     if code != 0:
-        raise SystemExit(f"error: training failed (exit {code}); see {log_path}. The same command resumes it.")
+        stop(f"training failed (exit {code}); see {log_path}. The same command resumes it.", code)
     if best is None:
-        raise SystemExit(f"error: training stopped before its end (preempted?); see {log_path}. "
-                         "The same command resumes it.")
+        stop(f"training stopped before its end (preempted?); see {log_path}. The same command resumes it.", 3)
     if not best["path"] or not os.path.isfile(best["path"]):
-        raise SystemExit(f"error: the run kept no best dev checkpoint ({best['monitor']} never logged: no dev "
+        raise ReproduceError(f"the run kept no best dev checkpoint ({best['monitor']} never logged: no dev "
                          f"evaluation ran?); see {log_path}")
     return {"best_checkpoint": best["path"], "monitor": best["monitor"], "dev_score": float(best["score"])}
 
@@ -405,9 +418,8 @@ def main(argv: list[str] | None = None) -> int:
     sets = split_targets(args.set, step_names, "--set")
     sts_dir = str(Path(args.sts_dir).absolute()) if args.sts_dir else None
     if sts_dir is not None and not os.path.isdir(sts_dir):
-        raise SystemExit(f"error: --sts_dir {args.sts_dir}: no such directory")
+        raise ReproduceError(f"--sts_dir {args.sts_dir}: no such directory")
     run_dir = (args.out / args.paper / f"seed{args.seed}").absolute()
-    run_dir.mkdir(parents=True, exist_ok=True)
 
     # One folder, one command: a resume must not mix in a run of other overlays, overrides or data.
     invocation = {"paper": args.paper, "seed": args.seed, "config": overlays, "set": sets,
@@ -417,9 +429,13 @@ def main(argv: list[str] | None = None) -> int:
         before = json.loads(recorded.read_text())
         changed = [k for k in invocation if before.get(k) != invocation[k]]
         if changed:
-            raise SystemExit(f"error: {run_dir} holds a run of another command ({', '.join(changed)} differ: "
-                             f"see {recorded}); choose another --out to keep both")
-    else:
+            raise ReproduceError(f"{run_dir} holds a run of another command ({', '.join(changed)} differ: "
+                                 f"see {recorded}); choose another --out to keep both")
+    eval_path = run_dir / "eval.json"
+    if not eval_path.exists() and sts_dir is None:
+        sts_dir = default_sts_dir()  # before any training: a missing evaluation set should not wait for it
+    if not recorded.exists():
+        run_dir.mkdir(parents=True, exist_ok=True)
         write_json_once(recorded, invocation)
 
     device_args, devices = device_arguments()
@@ -448,12 +464,10 @@ def main(argv: list[str] | None = None) -> int:
         steps[step], commands[step] = info, info.get("command", " ".join(command))
         previous_best = info["best_checkpoint"]
 
-    eval_path = run_dir / "eval.json"
     if eval_path.exists():
         evaluation = json.loads(eval_path.read_text())
         print(f"evaluation: read back from {eval_path}")
     else:
-        sts_dir = sts_dir or default_sts_dir()
         print(f"evaluation: {previous_best} on {sts_dir}", flush=True)
         evaluation = evaluate_checkpoint(previous_best, sts_dir, args.eval_precision, args.eval_batch_size)
         write_json_once(eval_path, evaluation)
@@ -473,4 +487,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from harness.cli import exit_on_user_error
+
+    sys.exit(exit_on_user_error(main)())

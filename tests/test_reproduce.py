@@ -40,11 +40,11 @@ def test_step_targets_and_bad_arguments(tmp_path):
                                   ["nli", "stsb"], "--set")
     assert out == {"nli": ["trainer.max_steps=3", "data.init_args.train_source=hf://x/y"],
                    "stsb": ["data.init_args.train_source=hf://x/y"]}
-    with pytest.raises(SystemExit, match="no step 'wiki'"):
+    with pytest.raises(reproduce.ReproduceError, match="no step 'wiki'"):
         reproduce.split_targets(["wiki:trainer.max_steps=3"], ["nli", "stsb"], "--set")
-    with pytest.raises(SystemExit, match="no such file"):
+    with pytest.raises(reproduce.ReproduceError, match="no such file"):
         reproduce.split_targets([str(tmp_path / "missing.yaml")], ["nli"], "--config")
-    with pytest.raises(SystemExit, match="expected KEY=VALUE"):
+    with pytest.raises(reproduce.ReproduceError, match="expected KEY=VALUE"):
         reproduce.split_targets(["trainer.max_steps"], ["nli"], "--set")
 
 
@@ -61,7 +61,7 @@ def test_every_visible_gpu_with_the_papers_global_batch(monkeypatch):
     assert devices == 4 and args[-2:] == ["--trainer.strategy", "ddp"] and "auto" in args
     # SimCSE's 64 sentences over 4 devices: 16 each, the same 64 in-batch candidates once gathered
     assert reproduce.per_device_share(64, 4) == 16 and reproduce.per_device_share(512, 8) == 64
-    with pytest.raises(SystemExit, match="batch of 16 does not split over 3 devices"):
+    with pytest.raises(reproduce.ReproduceError, match="batch of 16 does not split over 3 devices"):
         reproduce.per_device_share(16, 3)
 
 
@@ -130,5 +130,5 @@ def test_two_step_paper_offline_prints_the_table_writes_results_and_resumes(tmp_
     assert {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()} == stamps
 
     # the same folder with another command is refused, not mixed
-    with pytest.raises(SystemExit, match="holds a run of another command"):
+    with pytest.raises(reproduce.ReproduceError, match="holds a run of another command"):
         reproduce.main([*argv, "--set", "trainer.max_steps=3"])
