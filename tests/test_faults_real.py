@@ -197,20 +197,21 @@ def test_two_process_run_stopped_mid_epoch_resumes_on_one(tmp_path, tiny_model_d
 
 @pytest.mark.slow
 def test_one_process_run_killed_mid_epoch_resumes_on_two(tmp_path, tiny_model_dir, fixtures_dir):
-    config = device_config(tmp_path, tiny_model_dir, fixtures_dir, max_steps=6)
+    config = device_config(tmp_path, tiny_model_dir, fixtures_dir, max_steps=5)
     every_step = ["--last_checkpoint.every_n_train_steps", "1"]
-    # SIGKILL as step 4 starts: last.ckpt holds step 3, 48 of epoch 0's examples.
-    first = train_script(config, *every_step, "--ckpt_path", "last", fault="SIGKILL@3")
+    # SIGKILL as step 3 starts: last.ckpt holds step 2, 32 of epoch 0's examples. Lightning restores
+    # "2 of the epoch's 3 batches"; in two-device batches the 32 examples are 1 of them.
+    first = train_script(config, *every_step, "--ckpt_path", "last", fault="SIGKILL@2")
     assert first.returncode == -9, first.stderr[-3000:]
     second = train_script(config, *every_step, *DDP, "--ckpt_path", "last", timeout=420)
     assert second.returncode == 0, second.stderr[-3000:]
     out = second.stdout + second.stderr
-    assert re.search(r"--ckpt_path last: resuming from \S+ \(step 3\)", out)
+    assert re.search(r"--ckpt_path last: resuming from \S+ \(step 2\)", out)
     assert out.count("resuming on ") == 1  # rank 0 warns for the job
     assert ("resuming on 2 device(s) with 16 examples per device and step; the checkpoint was saved on 1 with 16: "
-            "epoch 0 continues with the 48 examples it has not trained on, in this run's batches") in out
-    # steps 4 and 5 finish epoch 0 (32 examples, then the last 16 as 8 per rank); step 6 starts epoch 1
-    check_resumed_epoch(tmp_path, config, saved_step=3, max_steps=6, sizes_after=[32, 16, 32])
-    assert {line["epoch"] for line in records(tmp_path) if line["step"] == 6} == {1}
+            "epoch 0 continues with the 64 examples it has not trained on, in this run's batches") in out
+    # steps 3 and 4 finish epoch 0 with 32 examples each; step 5 starts epoch 1
+    check_resumed_epoch(tmp_path, config, saved_step=2, max_steps=5, sizes_after=[32, 32, 32])
+    assert {line["epoch"] for line in records(tmp_path) if line["step"] == 5} == {1}
     final = torch.load(max(checkpoints(tmp_path, "last.ckpt"), key=os.path.getmtime), weights_only=True)
-    assert final["global_step"] == 6
+    assert final["global_step"] == 5

@@ -91,6 +91,59 @@ def test_sampler_state_round_trip_continues_the_epoch():
     assert at_end.epoch == 1 and list(at_end) == list(sampler) != order
 
 
+def trained_examples(samplers: list[SentenceBatchSampler], batches: int) -> collections.Counter:
+    """The examples every rank trains in its next ``batches`` batches."""
+    seen: collections.Counter = collections.Counter()
+    for sampler in samplers:
+        it = iter(sampler)
+        for _ in range(batches):
+            seen.update(next(it))
+    return seen
+
+
+def ranks(size: int, world: int, n: int = 100) -> list[SentenceBatchSampler]:
+    return [SentenceBatchSampler([0] * n, size, seed=3, num_replicas=world, rank=r) for r in range(world)]
+
+
+@pytest.mark.parametrize("saved, resumed", [((16, 2), (16, 1)), ((16, 1), (16, 2)), ((5, 1), (7, 2)), ((7, 2), (3, 3))],
+                         ids=["2-to-1", "1-to-2", "batch-5x1-to-7x2", "batch-7x2-to-3x3"])
+def test_resume_on_other_devices_trains_the_rest_of_the_epoch_once(saved, resumed, caplog):
+    n = 100
+    for done in range(len(ranks(*saved)[0])):
+        before = trained_examples(ranks(*saved), done)
+        state = ranks(*saved)[0].state_dict(batches_done=done)
+        caplog.clear()
+        samplers = ranks(*resumed)
+        for sampler in samplers:
+            sampler.load_state_dict(state)
+        assert [r.getMessage().startswith("resuming on ") for r in caplog.records] == [True]  # rank 0 only
+        rest = [b for b in zip(*samplers)]  # one global step: every rank's share
+        assert all(len({len(share) for share in step}) == 1 for step in rest)  # equal shares on every rank
+        seen = before + collections.Counter(i for step in rest for share in step for i in share)
+        assert set(seen) == set(range(n)), f"skipped after {done} batches"
+        # repeats only where the last batch is completed to a multiple of the device count
+        assert sum(seen.values()) - n < resumed[1], f"repeated after {done} batches"
+        # Lightning's count of the epoch's batches: the placeholders in front, then the rest
+        assert samplers[0].resumed_batches_done + len(rest) == len(samplers[0]) == len(ranks(*resumed)[0])
+
+
+def test_second_resume_within_a_reexpressed_epoch(caplog):
+    n = 100
+    first = trained_examples(ranks(16, 2), 1)  # 32 examples on two devices
+    [one] = ranks(16, 1)
+    one.load_state_dict(ranks(16, 2)[0].state_dict(batches_done=1))
+    it = iter(one)
+    second = collections.Counter(i for _ in range(2) for i in next(it))  # 32 more on one device
+    state = one.state_dict(batches_done=one.resumed_batches_done + 2)
+    for world in (1, 2):  # the same settings again, or back to two devices
+        samplers = ranks(16, world)
+        for sampler in samplers:
+            sampler.load_state_dict(state)
+        rest = collections.Counter(i for sampler in samplers for batch in sampler for i in batch)
+        seen = first + second + rest
+        assert set(seen) == set(range(n)) and sum(seen.values()) - n < world, world
+
+
 def test_lightning_sets_the_epoch_of_the_batch_sampler():
     # Lightning calls set_epoch on loader.batch_sampler.sampler only; before this was reached,
     # every epoch repeated the first one's order.
