@@ -11,6 +11,10 @@ Same model (offline all-MiniLM-L6-v2, mean pooling), same pairs (the entailment 
 - ``allocator``: on identical batches, ours with glibc's malloc defaults against ours as shipped
   (``harness/allocator.py``: freed memory kept), and theirs as shipped against theirs with the
   same two ``mallopt`` calls: the tax is glibc's, not either codebase's.
+- ``padding_free`` (the default): on identical batches, ours as shipped (padding-free: the encoder's
+  token-wise layers run on real tokens only, ``encoders/unpadded.py``) and ours on the padded batch
+  (``padding_free=False``), each against theirs and against each other; the share of real tokens in
+  the timed batches is printed with them.
 - ``compile``: on identical batches, ours eager against ours with ``model.encoder.compile``
   (widths bucketed to multiples of 16). The compiled program first compiles every shape training
   can meet (one forward and backward per width bucket, timed as its compile seconds), so its timed
@@ -24,7 +28,7 @@ trainers' own step-end hooks, so start-up (model load, tokenization, data set-up
 minor page faults and kernel seconds per step are reported over the same steps. Reported: the
 median of the per-repetition ratios. The ``datasets`` cache is a temporary directory.
 
-    python benchmarks/train_throughput.py --data_dir /work/shared/data [--compare peer|allocator|compile]
+    python benchmarks/train_throughput.py --data_dir /work/shared/data [--compare padding_free|peer|allocator|compile]
 """
 from __future__ import annotations
 
@@ -65,7 +69,8 @@ def ours_datamodule(args, encoder, group_by_length: bool):
     return dm
 
 
-def run_ours(args, group_by_length: bool, callbacks: tuple = (), profiler=None, compile: bool = False) -> dict:
+def run_ours(args, group_by_length: bool, callbacks: tuple = (), profiler=None, compile: bool = False,
+             padding_free: bool | None = None) -> dict:
     import lightning as L
     import torch
 
@@ -73,14 +78,20 @@ def run_ours(args, group_by_length: bool, callbacks: tuple = (), profiler=None, 
     from lightning_modules.mnr import MNR
 
     torch.manual_seed(args.seed)
-    encoder = SentenceEncoder(MODEL, pooling="mean", max_seq_length=args.max_length, compile=compile)
+    encoder = SentenceEncoder(MODEL, pooling="mean", max_seq_length=args.max_length, compile=compile,
+                              padding_free=padding_free)
     model = MNR(encoder, scale=20.0, lr=2e-5, weight_decay=0.01, warmup_ratio=0.1)
     stamps: list[tuple[float, int, float]] = []
+    tokens = [0, 0]  # real, computed-if-padded token positions of the timed batches
     compile_s = precompile(encoder, args) if compile else None
 
     class Stamp(L.Callback):
-        def on_train_batch_end(self, *_):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
             stamps.append(stamp())
+            if len(stamps) > args.warmup_steps:
+                for mask in (v["attention_mask"] for v in batch.values() if isinstance(v, dict)):
+                    tokens[0] += int(mask.sum())
+                    tokens[1] += mask.numel()
 
     trainer = L.Trainer(
         accelerator="cpu", devices=1, max_steps=args.warmup_steps + args.steps,
@@ -90,7 +101,8 @@ def run_ours(args, group_by_length: bool, callbacks: tuple = (), profiler=None, 
         profiler=profiler,
     )
     trainer.fit(model, datamodule=ours_datamodule(args, encoder, group_by_length))
-    return {**window(args, stamps), **({"compile_s": compile_s} if compile else {})}
+    return {**window(args, stamps), "real_token_share": tokens[0] / max(tokens[1], 1),
+            **({"compile_s": compile_s} if compile else {})}
 
 
 def precompile(encoder, args) -> float:
@@ -170,6 +182,9 @@ COMPARISONS = {  # --compare: (numerator, denominator) programs of each ratio ro
     "allocator": [("identical batches/ours", "identical batches/ours, malloc defaults"),
                   ("identical batches/theirs, freed memory kept", "identical batches/theirs")],
     "compile": [("identical batches/ours, compiled", "identical batches/ours")],
+    "padding_free": [("identical batches/ours", "identical batches/theirs"),
+                     ("identical batches/ours, padded", "identical batches/theirs"),
+                     ("identical batches/ours", "identical batches/ours, padded")],
 }
 PROGRAMS = sorted({p for rows in COMPARISONS.values() for row in rows for p in row})
 
@@ -186,7 +201,8 @@ def run_one(args, program: str) -> dict:
     if (name.startswith("ours") and "malloc defaults" not in name) or "freed memory kept" in name:
         keep_freed_memory()
     if name.startswith("ours"):
-        return run_ours(args, group_by_length=setting == "own batching", compile="compiled" in name)
+        return run_ours(args, group_by_length=setting == "own batching", compile="compiled" in name,
+                        padding_free=False if "padded" in name else None)
     if setting == "identical batches":
         pairs, batches = identical_batches(args)
         return run_theirs(args, batches, pairs)
@@ -233,7 +249,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--compare", choices=sorted(COMPARISONS), default="peer")
+    parser.add_argument("--compare", choices=sorted(COMPARISONS), default="padding_free")
     parser.add_argument("--program", choices=PROGRAMS, help=argparse.SUPPRESS)  # a child's one program
     args = parser.parse_args()
 
@@ -261,9 +277,13 @@ def main() -> None:
                 runs[program].append(in_fresh_process(sys.argv[1:], program))
             print(f"rep {rep + 1}: " + "; ".join(f"{p} {runs[p][-1]['steps_per_s']:.3f}" for p in programs), flush=True)
         out = ratio_table(args, runs, rows)
+        shares = {p: round(runs[p][0]["real_token_share"], 3) for p in programs if "real_token_share" in runs[p][0]}
+        print("real tokens / padded token positions of the timed batches: "
+              + "; ".join(f"{p} {v:.0%}" for p, v in shares.items()))
         print(json.dumps({"benchmark": "train_throughput", "compare": args.compare, "machine": info,
                           "batch_size": args.batch_size, "max_length": args.max_length, "precision": args.precision,
-                          "steps": args.steps, "warmup_steps": args.warmup_steps, "reps": args.reps, "results": out}))
+                          "steps": args.steps, "warmup_steps": args.warmup_steps, "reps": args.reps, "results": out,
+                          "real_token_share": shares}))
     finally:
         shutil.rmtree(args.tmp, ignore_errors=True)
 
