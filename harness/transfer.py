@@ -321,14 +321,14 @@ def fit_logistic(features: torch.Tensor, labels: torch.Tensor, specs: Sequence[F
 
     features: (N, D) float32, every row any spec names; labels: (N,) int64.
     """
-    features = features.float().contiguous()
     labels = labels.long()
     k, dim = len(specs), features.shape[1]
+    # The bias is a weight on a constant feature: one parameter tensor, one matmul each way.
+    features = torch.cat([features.float(), torch.ones(len(features), 1)], dim=1).contiguous()  # (N, D+1)
     w0, b0 = senteval_init(dim, nclasses, seed)
-    weight = w0.expand(k, dim, nclasses).clone()  # (A, D, C) for the A fits still training
-    bias = b0.expand(k, nclasses).clone()  # (A, C)
-    best_weight, best_bias = weight.clone(), bias.clone()  # (K, D, C), (K, C)
-    optimizer = _BatchedOptimizer(config.optim, [weight, bias], torch.tensor([s.l2 for s in specs], dtype=torch.float64))
+    params = torch.cat([w0, b0.unsqueeze(0)]).expand(k, dim + 1, nclasses).clone()  # (A, D+1, C), A fits training
+    best_params = params.clone()  # (K, D+1, C)
+    optimizer = _BatchedOptimizer(config.optim, [params], torch.tensor([s.l2 for s in specs], dtype=torch.float64))
     sizes = np.array([len(s.train) for s in specs])
     if sizes.min() == 0 or min(len(s.dev) for s in specs) == 0:
         raise ValueError("every fit needs training and dev rows")
@@ -337,7 +337,7 @@ def fit_logistic(features: torch.Tensor, labels: torch.Tensor, specs: Sequence[F
     dev_rows, dev_pos = np.unique(np.concatenate([s.dev for s in specs]), return_inverse=True)
     dev_pos_split = np.split(dev_pos, np.cumsum([len(s.dev) for s in specs])[:-1])
     dev_index, dev_mask = _padded(dev_pos_split)  # (K, Ldev) positions into dev_rows
-    dev_x, dev_y = features[dev_rows], labels[dev_rows]  # (U, D), (U,)
+    dev_x, dev_y = features[dev_rows], labels[dev_rows]  # (U, D+1), (U,)
     dev_len = np.array([len(s.dev) for s in specs])
 
     best = np.full(k, -1)  # correct dev answers of the best round
@@ -348,34 +348,34 @@ def fit_logistic(features: torch.Tensor, labels: torch.Tensor, specs: Sequence[F
     while alive.size and nepoch <= config.max_epoch:
         for _ in range(config.epoch_size):
             orders = [specs[i].train[specs[i].rng.permutation(sizes[i])] for i in alive]
-            index, mask = _padded(orders)  # (A, L)
+            index, _ = _padded(orders)  # (A, L)
             steps = math.ceil(index.shape[1] / bsz)
             counts = np.stack([np.clip(sizes[alive] - s * bsz, 0, bsz) for s in range(steps)])  # (steps, A)
+            # each row's share of its batch's mean loss (0 for padding): (A, L, 1)
+            position = np.arange(index.shape[1])
+            share = np.where(position[None, :] < sizes[alive][:, None],
+                             1.0 / np.maximum(counts[position // bsz].T, 1), 0.0)
+            share = torch.from_numpy(share.astype(np.float32)).unsqueeze(2)
+            targets = labels[index].unsqueeze(2)  # (A, L, 1)
             for s in range(steps):
-                rows, valid = index[:, s * bsz:(s + 1) * bsz], mask[:, s * bsz:(s + 1) * bsz]  # (A, B)
-                x = features[rows]  # (A, B, D)
-                logits = torch.baddbmm(bias.unsqueeze(1), x, weight)  # (A, B, C)
-                grad = torch.softmax(logits, dim=-1)
-                grad.scatter_add_(2, labels[rows].unsqueeze(2), torch.full_like(grad[..., :1], -1.0))
-                n = torch.from_numpy(counts[s]).clamp(min=1).to(grad.dtype)  # mean over each fit's batch
-                grad *= (valid / n.unsqueeze(1)).unsqueeze(2)
-                grad_w = torch.bmm(x.transpose(1, 2), grad)  # (A, D, C)
-                grad_b = grad.sum(1)  # (A, C)
+                cols = slice(s * bsz, (s + 1) * bsz)
+                x = features[index[:, cols]]  # (A, B, D+1)
+                grad = torch.softmax(torch.bmm(x, params), dim=-1)  # (A, B, C)
+                grad.scatter_add_(2, targets[:, cols], torch.full_like(grad[..., :1], -1.0))  # softmax - onehot
+                grad *= share[:, cols]
                 on = None if counts[s].min() > 0 else torch.from_numpy(counts[s] > 0)
-                optimizer.step([weight, bias], [grad_w, grad_b], on)
+                optimizer.step([params], [torch.bmm(x.transpose(1, 2), grad)], on)  # (A, D+1, C)
         nepoch += config.epoch_size
         epochs[alive] = nepoch
 
         # (U, A*C) scores of every dev row under every fit still training
-        scores = dev_x @ weight.permute(1, 0, 2).reshape(dim, -1)
-        scores = scores.view(len(dev_rows), len(alive), nclasses) + bias  # (U, A, C)
+        scores = (dev_x @ params.permute(1, 0, 2).reshape(dim + 1, -1)).view(len(dev_rows), len(alive), nclasses)
         right = (scores.argmax(-1) == dev_y.unsqueeze(1)).t()  # (A, U)
         correct = (right.gather(1, dev_index[alive]) & dev_mask[alive]).sum(1).numpy()  # (A,)
 
         better = correct > best[alive]
         if better.any():
-            took = torch.from_numpy(alive[better])
-            best_weight[took], best_bias[took] = weight[torch.from_numpy(better)], bias[torch.from_numpy(better)]
+            best_params[torch.from_numpy(alive[better])] = params[torch.from_numpy(better)]
             best[alive[better]] = correct[better]
         worse = alive[~better]
         stop = np.zeros(len(alive), dtype=bool)
@@ -383,10 +383,11 @@ def fit_logistic(features: torch.Tensor, labels: torch.Tensor, specs: Sequence[F
         fails[worse] += 1
         if stop.any():
             keep = torch.from_numpy(~stop)
-            weight, bias = weight[keep], bias[keep]
+            params = params[keep]
             optimizer.keep(keep.nonzero().squeeze(1))
             alive = alive[~stop]
-    return Fitted(best_weight, best_bias, (best / dev_len).tolist(), epochs.tolist())
+    return Fitted(best_params[:, :dim].contiguous(), best_params[:, dim].contiguous(), (best / dev_len).tolist(),
+                  epochs.tolist())
 
 
 # -- the three protocols --------------------------------------------------------------------------------
