@@ -11,6 +11,7 @@ where it stopped), ``train.log``, then ``eval.json`` (``evaluate.py`` on the sel
 later grid's ``--set``). ``--select last`` (the default) scores the last checkpoint, the same rule for every
 method; ``--select best`` the best by the config's ``checkpoint.monitor`` (the papers' model selection). A
 cell whose ``eval.json`` exists is skipped, so the command resumes after a stop and never overwrites a result.
+``--dev_only`` scores no test task (its ``eval.json`` is empty): a dev grid that chooses settings on dev alone.
 
 ``{seed}`` in a ``--set`` or ``--vary`` value is replaced by the cell's seed, so each seed can take its own
 complementary model: ``--set model.init_args.complementary_model=runs/grid/simcse/base/seed{seed}/model.ckpt``.
@@ -31,6 +32,7 @@ import itertools
 import json
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -111,7 +113,8 @@ def cell_hparams(args: argparse.Namespace, assignment: dict[str, str], seed: int
     values = {k: v.replace("{seed}", str(seed)) for k, v in {**fixed, **assignment}.items()}
     data_seed = values.get("data.init_args.seed", str(seed))  # the data module's default: the run's seed
     return {**values, "seed": seed, "data_seed": int(data_seed) if data_seed.lstrip("-").isdigit() else data_seed,
-            "config": " + ".join(Path(c).name for c in args.config), "select": args.select}
+            "config": " + ".join(Path(c).name for c in args.config), "select": args.select,
+            "scored": "dev only" if args.dev_only else "dev and test"}
 
 
 def write_hparams(cell: Path, hparams: dict[str, str | int], metrics: dict[str, float]) -> None:
@@ -142,7 +145,7 @@ def run_cell(args: argparse.Namespace, cell: Path, assignment: dict[str, str], s
                *[a for o in overrides for a in (f"--{o.partition('=')[0]}", o.partition("=")[2])],
                "--seed_everything", str(seed), "--trainer.default_root_dir", str(cell / "train"),
                "--trainer.logger", logger, "--trainer.enable_progress_bar", "false", "--ckpt_path", "last"]
-    (cell / "command").write_text(" ".join(command) + "\n")
+    (cell / "command").write_text(shlex.join(command) + "\n")  # quoted: the logger's JSON holds spaces
     print(f"train {cell.relative_to(args.out)}", flush=True)
     start = time.time()
     with open(cell / "train.log", "a") as log:
@@ -160,7 +163,9 @@ def run_cell(args: argparse.Namespace, cell: Path, assignment: dict[str, str], s
         partial.unlink(missing_ok=True)  # a stop during evaluation leaves this; evaluate again
         evaluation = [sys.executable, str(ROOT / "evaluate.py"), "--ckpt_path", str(ckpt), "--sts_dir", args.sts_dir,
                       "--precision", args.eval_precision, "--output", str(partial)]
-        if subprocess.run(evaluation, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
+        if args.dev_only:
+            partial.write_text("{}\n")
+        elif subprocess.run(evaluation, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
             print(f"FAILED evaluation of {cell.relative_to(args.out)}: see {cell / 'train.log'}", flush=True)
             return None
     step = int(BEST_STEP.search(ckpt.name).group(1)) if args.select == "best" else None
@@ -170,10 +175,12 @@ def run_cell(args: argparse.Namespace, cell: Path, assignment: dict[str, str], s
     scores = {t: float(results[t]) for t in STS_TASKS if t in results}
     if "avg" in results:
         scores["avg"] = float(results["avg"])
-    write_hparams(cell, cell_hparams(args, assignment, seed), {**scores, **{f"dev_{k}": v for k, v in dev.items()}})
+    dev_scores = {f"dev_{k}": dev[k] for k in DEV if k in dev}
+    write_hparams(cell, cell_hparams(args, assignment, seed), {**scores, **dev_scores})
     (cell / "wall_s").write_text(f"{time.time() - start:.0f}\n")  # training and evaluation, this attempt
     os.replace(partial, cell / "eval.json")  # last: its presence means the cell is finished
-    print(f"done  {cell.relative_to(args.out)}: avg {scores.get('avg', float('nan')):.2f} "
+    print(f"done  {cell.relative_to(args.out)}: avg {scores.get('avg', float('nan')):.2f}, "
+          f"dev mean {statistics.mean(dev[k] for k in DEV if k in dev) if dev else float('nan'):.2f} "
           f"({time.time() - start:.0f} s)", flush=True)
     return results
 
@@ -216,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval_precision", default="bf16", choices=["32", "bf16", "16"])
     parser.add_argument("--select", default="last", choices=["last", "best"],
                         help="the checkpoint scored: the last, or the best by the config's checkpoint.monitor")
+    parser.add_argument("--dev_only", action="store_true", help="score no test task: a dev grid that chooses settings")
     parser.add_argument("--table_only", action="store_true", help="print the table of what has finished; run nothing")
     args = parser.parse_args(argv)
     for o in args.set:

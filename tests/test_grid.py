@@ -73,9 +73,9 @@ def test_grid_runs_two_cells_and_resumes_skipping_the_finished_one(tmp_path, tin
     assert (second / "eval.json").exists()
 
 
-def test_select_best_scores_the_best_dev_checkpoint_and_seed_fills_set_values(tmp_path, tiny_model_dir, fixtures_dir):
+def test_select_best_keeps_the_best_dev_checkpoint_dev_only_and_seed_fills_set_values(tmp_path, tiny_model_dir, fixtures_dir):
     config = objective_config(tmp_path, tiny_model_dir, fixtures_dir, "STSRegression", "STSDataModule")
-    argv = ["--name", "b", "--config", config, "--seeds", "5", "--select", "best",
+    argv = ["--name", "b", "--config", config, "--seeds", "5", "--select", "best", "--dev_only",
             "--set", "checkpoint.monitor=val/avg_spearman", "--set", "trainer.default_root_dir=unused_{seed}",
             "--sts_dir", str(fixtures_dir / "sts"), "--out", str(tmp_path / "out"), "--threads", "1"]
     assert grid.main(argv) == 0
@@ -95,11 +95,50 @@ def test_select_best_scores_the_best_dev_checkpoint_and_seed_fills_set_values(tm
             means.update({e.step: e.value for e in acc.Scalars("val/avg_spearman")})
     assert max(means, key=means.get) == dev["step"] - 1  # logged at the step before the checkpoint's count
     assert abs((dev["stsb"] + dev["sickr"]) / 2 - means[dev["step"] - 1]) < 1e-3
-    values, _ = hparams_entry(cell)
+    assert json.loads((cell / "eval.json").read_text()) == {}  # --dev_only: no test task scored
+    values, scalars = hparams_entry(cell)
     assert values["trainer.default_root_dir"] == "unused_5" and values["select"] == "best"
+    assert values["scored"] == "dev only" and "hp_metric" not in scalars
+    assert abs(scalars["hparam/dev_stsb"] - dev["stsb"]) < 1e-4
 
 
 def test_vary_values_split_on_semicolons_when_they_hold_lists():
     assert grid.parse_vary("model.init_args.phi=0.5, 0.7") == ("model.init_args.phi", ["0.5", "0.7"])
     assert grid.parse_vary("model.init_args.features=[u,v];[abs_diff,prod]") == (
         "model.init_args.features", ["[u,v]", "[abs_diff,prod]"])
+
+
+def test_paired_seeds_pairs_cells_by_seed(tmp_path, capsys):
+    import paired_seeds
+
+    for row, avgs in (("simcse", {42: 76.0, 43: 76.5, 44: 76.2, 45: 70.0}), ("dclr", {42: 77.0, 43: 77.1, 44: 77.5})):
+        for seed, avg in avgs.items():
+            cell = tmp_path / row / "base" / f"seed{seed}"
+            cell.mkdir(parents=True)
+            (cell / "eval.json").write_text(json.dumps({t: avg for t in paired_seeds.TASKS}))
+    csv_path = tmp_path / "per_seed.csv"
+    assert paired_seeds.main([str(tmp_path / "simcse" / "base"), str(tmp_path / "dclr" / "base"),
+                              "--csv", str(csv_path)]) == 0
+    out = capsys.readouterr().out
+    # seed 45 has no pair; differences 1.0, 0.6, 1.3: mean 0.967, sd sqrt(0.2467 / 2) = 0.351 (by hand)
+    assert "| 45 |" not in out and "| 43 | 76.50 | 77.10 | +0.60 |" in out
+    assert "+0.97 ± 0.35" in out and "exact sign-flip p = 0.250" in out  # 2 of 8 sign patterns as extreme
+    assert len(csv_path.read_text().splitlines()) == 1 + 2 * 3
+
+
+def test_dclr_mechanisms_averages_logged_steps_then_cells(tmp_path, capsys):
+    from torch.utils.tensorboard import SummaryWriter
+
+    import dclr_mechanisms
+
+    for seed, values in ((42, [0.1, 0.3]), (43, [0.4])):
+        cell = tmp_path / "row" / f"seed{seed}"
+        with SummaryWriter(str(cell / "train" / "lightning_logs" / "version_0")) as writer:
+            for step, value in enumerate(values):
+                writer.add_scalar("train/masked_fraction", value, step)
+        (cell / "eval.json").write_text("{}")
+    assert dclr_mechanisms.main([f"acting={tmp_path / 'row'}"]) == 0
+    line = [l for l in capsys.readouterr().out.splitlines() if l.startswith("| acting")][0]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[0] == "acting (seed42, seed43)" and float(cells[3]) == 0.3  # (0.2 + 0.4) / 2
+    assert cells[1] == "—"  # never logged
