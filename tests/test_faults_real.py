@@ -151,47 +151,60 @@ def every_example(config: str) -> collections.Counter:
     return prints
 
 
-def check_resumed_epoch(root: Path, config: str, saved_step: int, max_steps: int, sizes_after: list[int]) -> None:
-    """Every example of epoch 0 once over the stopped run (to its checkpoint) and the resumed one; steps
-    numbered on from the checkpoint, with ``sizes_after`` examples each; the rate on the schedule."""
+def check_resumed_epoch(root: Path, config: str, saved_steps: list[int], max_steps: int,
+                        sizes_after: list[int]) -> None:
+    """Every example of epoch 0 once over the stopped runs (each to the checkpoint the next resumed
+    from) and the last run; steps numbered on from each checkpoint, the last run's with ``sizes_after``
+    examples each; the learning rate on the schedule of ``max_steps`` throughout."""
     by_pid = collections.defaultdict(list)
     for line in records(root):
         by_pid[line["pid"]].append(line)
-    # the stopped run's processes (one per rank) wrote before the resumed run's
-    runs = sorted(by_pid.values(), key=lambda lines: lines[0]["time"])
-    first_world = runs[0][0]["world"]
-    stopped = [line for lines in runs[:first_world] for line in lines if line["step"] <= saved_step]
-    resumed = [line for lines in runs[first_world:] for line in lines]
-    before, after = steps_of(stopped), steps_of(resumed)
-    assert sorted(before) == list(range(1, saved_step + 1))
-    assert sorted(after) == list(range(saved_step + 1, max_steps + 1))
-    epoch0 = collections.Counter(row for steps in (before, after) for s in steps.values() if s["epoch"] == 0
-                                 for row in s["rows"])
+    processes = sorted(by_pid.values(), key=lambda lines: lines[0]["time"])  # each run's ranks, run after run
+    runs = []
+    while processes:
+        world = processes[0][0]["world"]
+        runs.append([line for lines in processes[:world] for line in lines])
+        processes = processes[world:]
+    assert len(runs) == len(saved_steps) + 1
+    steps, start = {}, 0
+    for run, end in zip(runs, [*saved_steps, max_steps]):
+        kept = steps_of([line for line in run if line["step"] <= end])
+        assert sorted(kept) == list(range(start + 1, end + 1))
+        steps.update(kept)
+        start = end
+    epoch0 = collections.Counter(row for s in steps.values() if s["epoch"] == 0 for row in s["rows"])
     assert epoch0 == every_example(config), "epoch 0 saw an example twice or skipped one"
-    assert [len(after[s]["rows"]) for s in sorted(after)] == sizes_after
-    rates = {s: v["lr"] for steps in (before, after) for s, v in steps.items()}
-    for step, rate in rates.items():
-        assert rate == pytest.approx(linear_schedule(step, max_steps), rel=1e-6, abs=1e-12), step
+    assert [len(steps[s]["rows"]) for s in range(saved_steps[-1] + 1, max_steps + 1)] == sizes_after
+    for step, values in steps.items():
+        assert values["lr"] == pytest.approx(linear_schedule(step, max_steps), rel=1e-6, abs=1e-12), step
 
 
 @pytest.mark.slow
 def test_two_process_run_stopped_mid_epoch_resumes_on_one(tmp_path, tiny_model_dir, fixtures_dir, caplog):
     config = device_config(tmp_path, tiny_model_dir, fixtures_dir, max_steps=5)
+    every_step = ["--last_checkpoint.every_n_train_steps", "1"]
     # SIGUSR1 (SLURM's warning before the time limit) during step 2: both ranks save after it,
     # when 64 of epoch 0's 96 examples are trained.
     first = train_script(config, *DDP, "--ckpt_path", "last", fault="SIGUSR1@1", timeout=420)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "preempted (SIGUSR1) after step 2" in first.stderr
+    # On one process, killed again as step 4 starts (last.ckpt of step 3, 16 more examples), then
+    # resumed on one process: a second resume within the re-expressed epoch.
+    second = train_script(config, *every_step, "--ckpt_path", "last", fault="SIGKILL@3")
+    assert second.returncode == -9, second.stderr[-3000:]
+    out = second.stdout + second.stderr
+    assert re.search(r"--ckpt_path last: resuming from \S+ \(step 2\)", out)
+    assert re.findall(r"resuming on .*", out) == [
+        "resuming on 1 device(s) with 16 examples per device and step; the checkpoint was saved on 2 with 16: "
+        "epoch 0 continues with the 32 examples it has not trained on, in this run's batches; steps and the "
+        "learning-rate schedule continue from the checkpoint's step"]
     caplog.clear()
-    cli = train.main(["--config", config, *FAST, "--ckpt_path", "last"])  # one process
-    assert re.search(r"--ckpt_path last: resuming from \S+ \(step 2\)", caplog.text)
-    warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("resuming on ")]
-    assert warnings == ["resuming on 1 device(s) with 16 examples per device and step; the checkpoint was saved on "
-                        "2 with 16: epoch 0 continues with the 32 examples it has not trained on, in this run's "
-                        "batches; steps and the learning-rate schedule continue from the checkpoint's step"]
+    cli = train.main(["--config", config, *FAST, *every_step, "--ckpt_path", "last"])
+    assert re.search(r"--ckpt_path last: resuming from \S+ \(step 3\)", caplog.text)
+    assert "resuming on " not in caplog.text  # the same device count as the checkpoint's: no warning
     assert cli.trainer.global_step == 5
     # steps 3 and 4 finish epoch 0 with 16 examples each; step 5 starts epoch 1
-    check_resumed_epoch(tmp_path, config, saved_step=2, max_steps=5, sizes_after=[16, 16, 16])
+    check_resumed_epoch(tmp_path, config, saved_steps=[2, 3], max_steps=5, sizes_after=[16, 16])
     assert [line["epoch"] for line in records(tmp_path) if line["step"] == 5] == [1]
 
 
@@ -211,7 +224,7 @@ def test_one_process_run_killed_mid_epoch_resumes_on_two(tmp_path, tiny_model_di
     assert ("resuming on 2 device(s) with 16 examples per device and step; the checkpoint was saved on 1 with 16: "
             "epoch 0 continues with the 64 examples it has not trained on, in this run's batches") in out
     # steps 3 and 4 finish epoch 0 with 32 examples each; step 5 starts epoch 1
-    check_resumed_epoch(tmp_path, config, saved_step=2, max_steps=5, sizes_after=[32, 32, 32])
+    check_resumed_epoch(tmp_path, config, saved_steps=[2], max_steps=5, sizes_after=[32, 32, 32])
     assert {line["epoch"] for line in records(tmp_path) if line["step"] == 5} == {1}
     final = torch.load(max(checkpoints(tmp_path, "last.ckpt"), key=os.path.getmtime), weights_only=True)
     assert final["global_step"] == 5
