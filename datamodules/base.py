@@ -133,18 +133,28 @@ class SentenceDataModule(L.LightningDataModule):
         return sources
 
     def tokenize(self, ds: datasets.Dataset, columns: Sequence[str], max_length: int) -> datasets.Dataset:
-        """Add ``<column>_ids`` token ids (no padding) for each text column, batched and cached."""
+        """Add ``<column>_ids`` token ids (no padding) for each text column: batched tokenizer calls that
+        return the ids only, written as Arrow and cached by ``datasets``; a large set is split over the
+        CPU cores this process may use (100k rows or more, one process per core, at most 8)."""
         tokenizer = self._require_tokenizer()
         key = "|".join([ds._fingerprint, tokenizer.name_or_path, str(len(tokenizer)), str(max_length), *columns])
         fingerprint = hashlib.sha256(key.encode()).hexdigest()[:32]
 
         def encode(batch: dict[str, list]) -> dict[str, list]:
+            # No attention mask or token types: padding makes the mask, and building Python lists of
+            # values nobody reads cost as much as the ids themselves.
             return {
-                f"{c}_ids": tokenizer(batch[c], truncation=True, max_length=max_length)["input_ids"] for c in columns
+                f"{c}_ids": tokenizer(batch[c], truncation=True, max_length=max_length, return_attention_mask=False,
+                                      return_token_type_ids=False)["input_ids"]
+                for c in columns
             }
 
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        # Below 100k rows, starting processes and merging their files costs more than it saves.
+        num_proc = min(cores, 8) if cores > 1 and len(ds) >= 100_000 else None
         with quiet_progress():
-            return ds.map(encode, batched=True, batch_size=2000, new_fingerprint=fingerprint, desc="tokenizing")
+            return ds.map(encode, batched=True, batch_size=2000, new_fingerprint=fingerprint, num_proc=num_proc,
+                          desc="tokenizing")
 
     def sources(self) -> list[str]:
         """Every source this module reads: its training source(s) (``train_source`` or ``train_sources``)
