@@ -172,9 +172,11 @@ def main() -> None:
     for task in done:
         a, b = tasks_out[task]["senteval"], tasks_out[task]["ours"]
         extra = f" (F1 {a['f1']:.2f} / {b['f1']:.2f})" if "f1" in a else ""
+        cpu = (f"{a['cpu_seconds'] / b['cpu_seconds']:.1f}x" if a.get("cpu_seconds") and b.get("cpu_seconds")
+               else "-")
         print(f"| {task.upper()}{extra} | {a['acc']:.2f} | {b['acc']:.2f} | {b['acc'] - a['acc']:+.2f} | "
-              f"{a['seconds']:.0f} ({a.get('cpu_seconds', 0):.0f}) | {b['seconds']:.1f} ({b.get('cpu_seconds', 0):.1f}) | "
-              f"{a['seconds'] / b['seconds']:.1f}x ({a.get('cpu_seconds', 0) / max(b.get('cpu_seconds', 0), 0.1):.1f}x) |")
+              f"{a['seconds']:.0f} ({a.get('cpu_seconds', '-')}) | {b['seconds']:.1f} ({b.get('cpu_seconds', '-')}) | "
+              f"{a['seconds'] / b['seconds']:.1f}x ({cpu}) |")
     if len(done) == 7:
         sa = np.mean([tasks_out[t]["senteval"]["acc"] for t in done])
         so = np.mean([tasks_out[t]["ours"]["acc"] for t in done])
