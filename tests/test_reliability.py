@@ -370,7 +370,7 @@ def test_bom_and_windows_line_ends_train_like_the_plain_file(trained, tmp_path, 
 @pytest.mark.parametrize("override, message", [
     (["--model.init_args.encoder.init_args.mlp_head", "true"],
      "mlp_head applies on top of cls pooling, but pooling is 'mean'"),
-    (["--model.init_args.encoder.init_args.model_name", "./nope"], "model directory './nope' does not exist"),
+    (["--model.init_args.encoder.init_args.model_name", "./nope"], "no such model directory: ./nope"),
     (["--model.init_args.warmup_ratio", "1.5"], "warmup_ratio must be in [0, 1), got 1.5"),
 ], ids=["mlp-head-with-mean-pooling", "missing-model-dir", "bad-warmup"])
 def test_refused_arguments_give_one_line_not_the_union_report(trained, capsys, override, message):

@@ -169,7 +169,7 @@ def test_config_wrong_type_fails_naming_the_key():
 
 @pytest.mark.parametrize("override, message", [
     (["--data.init_args.train_source", "no/such/file.tsv"], "no/such/file.tsv: data file not found"),
-    (["--model.init_args.encoder.init_args.model_name", "./no-such-model"], "model directory './no-such-model' does not exist"),
+    (["--model.init_args.encoder.init_args.model_name", "./no-such-model"], "no such model directory: ./no-such-model"),
 ])
 def test_bad_input_ends_with_one_clear_message(tmp_path, override, message):
     result = run_script("train.py", "--config", "configs/quickstart.yaml", "--trainer.default_root_dir",
