@@ -8,7 +8,7 @@ padding-free / padded as well. The programs run in turns, order rotated each rep
 reported is the median over repetitions of the per-repetition ratio ours/theirs (sentences/s).
 Then the seven-task STS average of ours in fp32 and in bf16 (a few minutes; ``--skip_quality``).
 
-    python benchmarks/encode_throughput.py --sts_dir /work/shared/data/sts [--reps 3] [--threads 1]
+    python benchmarks/encode_throughput.py --sts_dir ../shared/data/sts [--reps 3] [--threads 1]
 """
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def main() -> None:
     if not args.skip_quality and "bf16" in args.precisions:
         for precision in ("32", "bf16"):
             res = evaluate_sts(lambda s: ours.encode(s, batch_size=bs, precision=precision), args.sts_dir)
-            quality[precision] = {k: round(v, 2) for k, v in res.items() if k != "subsets"}
+            quality[precision] = {k: round(v, 2) for k, v in res.items() if isinstance(v, float)}
         diff = quality["bf16"]["avg"] - quality["32"]["avg"]
         print("\n| precision | " + " | ".join(k for k in quality["32"]) + " |")
         print("|---|" + "---|" * len(quality["32"]))

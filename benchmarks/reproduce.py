@@ -43,8 +43,9 @@ import re
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -84,7 +85,7 @@ class Paper:
     steps: tuple[tuple[str, tuple[str, ...]], ...]   # (step name, its configs relative to the repository)
     paper_row: PaperRow | None
     note: str = ""
-    start_from_previous: bool = field(default=False)  # a later step starts from the previous step's best checkpoint
+    start_from_previous: bool = False  # a later step starts from the previous step's best checkpoint
 
 
 def _row(values: str) -> dict[str, float]:
@@ -185,7 +186,7 @@ def split_targets(values: list[str], steps: list[str], what: str) -> dict[str, l
         targeted = sep and prefix in steps and not (what == "--config" and os.path.isfile(value))
         if not targeted and sep and re.fullmatch(r"\w+", prefix) and not os.path.exists(value):
             raise ReproduceError(f"{what} {value!r}: this paper has no step {prefix!r}; its steps: "
-                             f"{', '.join(steps)}")
+                                 f"{', '.join(steps)}")
         item = rest if targeted else value
         if what == "--config":
             if not os.path.isfile(item):
@@ -220,7 +221,7 @@ def default_sts_dir() -> str:
 
 # -- one training step ----------------------------------------------------------------------------------
 def train_command(configs: list[str], overlays: list[str], sets: list[str], device_args: list[str], seed: int,
-                  root_dir: Path, extra: list[str] = ()) -> list[str]:
+                  root_dir: Path, extra: Sequence[str] = ()) -> list[str]:
     """train.py on the paper's configs, then the devices, the overlays, the overrides and ``extra``.
 
     The run's log directory is fixed (``version_0``): a resumed run continues in it, so ModelCheckpoint
@@ -258,8 +259,8 @@ def per_device_share(batch: int, devices: int) -> int:
     """The per-device batch that keeps a global batch of ``batch`` over ``devices`` devices."""
     if batch % devices:
         raise ReproduceError(f"the paper's batch of {batch} does not split over {devices} devices; make "
-                         f"{math.gcd(batch, devices)} visible (CUDA_VISIBLE_DEVICES) or set "
-                         "data.init_args.per_device_batch_size yourself (--set), which changes the global batch")
+                             f"{math.gcd(batch, devices)} visible (CUDA_VISIBLE_DEVICES) or set "
+                             "data.init_args.per_device_batch_size yourself (--set), which changes the global batch")
     return batch // devices
 
 
@@ -282,28 +283,31 @@ def run_training(command: list[str], log_path: Path) -> dict:
         log.write(f"$ {' '.join(command)}\n")
         log.flush()
         child = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                 bufsize=1)
+                                 bufsize=1, env=dict(os.environ, PYTHONUNBUFFERED="1"))  # lines as they come
         previous = {s: signal.signal(s, lambda signum, frame: child.send_signal(signum))
                     for s in (signal.SIGTERM, signal.SIGUSR1)}
         best = None
         try:
             for line in child.stdout:
                 sys.stdout.write(line)
+                sys.stdout.flush()  # progress as it happens, also when the console is a file
                 log.write(line)
+                log.flush()
                 match = BEST_LINE.match(line)
                 if match:
                     best = match.groupdict()
             code = child.wait()
         finally:
             for s, handler in previous.items():
-                signal.signal(s, handler)
+                if handler is not None:  # None: a handler not installed from Python, nothing to restore
+                    signal.signal(s, handler)
     if code != 0:
         stop(f"training failed (exit {code}); see {log_path}. The same command resumes it.", code)
     if best is None:
         stop(f"training stopped before its end (preempted?); see {log_path}. The same command resumes it.", 3)
     if not best["path"] or not os.path.isfile(best["path"]):
         raise ReproduceError(f"the run kept no best dev checkpoint ({best['monitor']} never logged: no dev "
-                         f"evaluation ran?); see {log_path}")
+                             f"evaluation ran?); see {log_path}")
     return {"best_checkpoint": best["path"], "monitor": best["monitor"], "dev_score": float(best["score"])}
 
 
@@ -372,6 +376,13 @@ def machine() -> str:
     return f"{where}, torch {torch.__version__}"
 
 
+def data_line(evaluation: dict) -> str:
+    """Which data the scores come from; a sample (the fixtures) is said to be one."""
+    from harness.export import evaluation_data_text
+
+    return evaluation_data_text(evaluation, list(STS_TASKS)).rstrip(":") + "."
+
+
 def report(name: str, paper: Paper, args: argparse.Namespace, steps: dict[str, dict], evaluation: dict,
            commands: dict[str, str]) -> tuple[dict, str]:
     compared = comparison(paper, evaluation)
@@ -381,8 +392,8 @@ def report(name: str, paper: Paper, args: argparse.Namespace, steps: dict[str, d
         f"## {paper.title} (`--paper {name}`)", "",
         table(paper, compared, args.seed), "",
         source + (f" {paper.note}" if paper.note else ""),
-        f"Ours: Spearman x 100 of cosine, SentEval's \"all\" aggregation, on `{evaluation['sts_dir']}`; "
-        f"the best dev checkpoint of each step:",
+        f"Ours: Spearman x 100 of cosine, SentEval's \"all\" aggregation. {data_line(evaluation)} "
+        f"The best dev checkpoint of each step:",
         *[f"- {step}: `{info['best_checkpoint']}` ({info['monitor']} = {info['dev_score']:.2f})"
           for step, info in steps.items()],
         f"Configs: {'; '.join(' + '.join(c) for _, c in paper.steps)}"

@@ -16,12 +16,14 @@ import torch
 
 import encoders
 from datamodules import STS_TASKS
+from datamodules.sts import default_sts_dir
 from encoders.sentence import Pooling, SentenceEncoder
 from encoders.st_format import check_export_dir, check_exportable
 from .arguments import CommandLineError, explain, help_formatter
 from .cli import exit_on_user_error
 from .export import export_run
 from .sts_eval import evaluate_sts, format_table
+from .transfer import TRANSFER_TASKS, evaluate_transfer, find_downstream, format_transfer_table, task_paths
 
 
 def load_encoder(ckpt_path: Optional[str], model: Optional[str], pooling: Optional[str]) -> tuple[SentenceEncoder, str]:
@@ -34,13 +36,20 @@ def load_encoder(ckpt_path: Optional[str], model: Optional[str], pooling: Option
     return encoders.load(model, pooling), model
 
 
+TASK_GROUPS = {"sts": STS_TASKS, "transfer": TRANSFER_TASKS, "all": STS_TASKS + TRANSFER_TASKS}
+
+
 def parse_tasks(tasks: str | list[str]) -> list[str]:
-    """``stsb``, ``stsb,sickr``, ``[stsb, sickr]`` or a list: the task names, checked."""
+    """``stsb``, ``stsb,sickr``, ``[stsb, mr]``, a group (``sts``, ``transfer``, ``all``) or a list: the
+    task names, checked, in the order given."""
     items = tasks if isinstance(tasks, list) else str(tasks).strip().strip("[]").split(",")
     names = [str(t).strip().strip("'\"") for t in items if str(t).strip()]
-    unknown = [t for t in names if t not in STS_TASKS]
+    names = list(dict.fromkeys(n for name in names for n in TASK_GROUPS.get(name, (name,))))
+    known = STS_TASKS + TRANSFER_TASKS
+    unknown = [t for t in names if t not in known]
     if unknown or not names:
-        raise ValueError(f"--tasks: {', '.join(unknown) or 'none given'}; choose from {', '.join(STS_TASKS)}")
+        raise ValueError(f"--tasks: {', '.join(unknown) or 'none given'}; choose from {', '.join(known)} "
+                         "or a group: sts, transfer, all")
     return names
 
 
@@ -56,43 +65,68 @@ def evaluate(
     precision: Literal["32", "bf16", "16"] = "32",
     device: Optional[str] = None,
     export: Optional[str] = None,
+    transfer_dir: Optional[str] = None,
 ) -> dict:
-    """Evaluate sentence embeddings on the STS tasks (Spearman x 100 of cosine similarity).
+    """Evaluate sentence embeddings on the STS tasks (Spearman x 100 of cosine similarity) and
+    SentEval's transfer tasks (test accuracy x 100 of SentEval's logistic regression).
 
     Args:
-        sts_dir: directory of sts12.<subset>.tsv ... sts16.<subset>.tsv, stsb.test.tsv, sickr.test.tsv.
+        sts_dir: the evaluation data: SentEval's data folder (as its and SimCSE's download scripts leave
+            it; the transfer tasks need it), or this project's STS layout (sts12.<subset>.tsv ...
+            stsb.test.tsv, sickr.test.tsv). Default: SimCSE's senteval.tar from the hub, downloaded once.
         ckpt_path: a checkpoint written by train.py (pooling and model come from its config).
         model: hub name, local Hugging Face directory or sentence-transformers directory.
         pooling: pooling for --model (default: the sentence-transformers config's, else mean).
-        tasks: which of the seven tasks: ``stsb``, ``stsb,sickr`` or ``[stsb,sickr]``.
+        tasks: the STS tasks (sts12 ... sickr), the transfer tasks (mr, cr, subj, mpqa, sst2, trec, mrpc), or
+            a group (sts, transfer, all): ``stsb``, ``stsb,mr`` or ``[transfer]``; default the seven STS tasks.
         output: write the results as JSON here (never overwrites an existing file).
         batch_size: sentences per encoding batch.
         precision: 32, or bf16/16 autocast.
         device: cpu, cuda, ... (default: cuda when available).
-        export: also write the model as a sentence-transformers directory here (new or empty),
-            with a model card holding the STS results when --sts_dir is given.
+        export: also write the model as a sentence-transformers directory here (new or empty); alone,
+            it exports without evaluating; with --sts_dir, the model card holds the results.
+        transfer_dir: SentEval's data folder for the transfer tasks when it is not --sts_dir (for
+            example STS in this project's TSV layout and the transfer tasks in SentEval's folder).
     """
     tasks = parse_tasks(tasks)
+    export_only = export is not None and sts_dir is None and transfer_dir is None
     if export is not None:
         check_export_dir(export)  # before any work
-    elif sts_dir is None:
-        raise ValueError("give --sts_dir (evaluate), --export (export) or both")
-    if sts_dir is None and output is not None:
-        raise ValueError("--output needs --sts_dir: there are no results to write")
+    if export_only and output is not None:
+        raise ValueError("--output needs an evaluation: give --sts_dir with --export")
     if output is not None and os.path.exists(output):
         raise FileExistsError(f"{output}: already exists; choose another --output (results are never overwritten)")
+    sts = [t for t in tasks if t in STS_TASKS]
+    transfer = [t for t in tasks if t in TRANSFER_TASKS]
+    if not export_only and sts_dir is None and (sts or transfer_dir is None):
+        sts_dir = default_sts_dir()  # the hub's SentEval data, or one error line naming the local ways
+    if transfer and not export_only:  # every file before minutes of encoding
+        downstream = find_downstream(transfer_dir or sts_dir, transfer)
+        for task in transfer:
+            task_paths(downstream, task)
     encoder, name = load_encoder(ckpt_path, model, pooling)
     if export is not None:
         check_exportable(encoder)  # before minutes of evaluation
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     encoder.to(device)
-    if sts_dir is None:
+    if export_only:
         export_run(encoder, export, ckpt_path, source=name)
         return {}
-    results = evaluate_sts(
-        lambda s: encoder.encode(s, batch_size=batch_size, precision=precision), sts_dir, tasks
-    )
-    print(format_table({name: results}, tasks))
+    encode = lambda s: encoder.encode(s, batch_size=batch_size, precision=precision)  # noqa: E731
+    results: dict = {"sts_dir": os.path.abspath(sts_dir)} if sts_dir is not None else {}
+    if transfer and transfer_dir is not None:
+        results["transfer_dir"] = os.path.abspath(transfer_dir)
+    if sts:
+        results.update(evaluate_sts(encode, sts_dir, sts))
+        print(format_table({name: results}, sts))
+    if transfer:
+        found = evaluate_transfer(encode, transfer_dir or sts_dir, transfer,
+                                  progress=lambda line: print(line, flush=True))
+        if "avg" in found:
+            found["transfer_avg"] = found.pop("avg")
+        results.update(found)
+        print(format_transfer_table({name: {**found, **({"avg": found["transfer_avg"]} if "transfer_avg" in found
+                                                      else {})}}, transfer))
     if output is not None:
         with open(output, "x") as f:
             json.dump({"model": name, "pooling": encoder.pooling, "precision": precision, **results}, f, indent=2)

@@ -10,12 +10,13 @@ from typing import Any, Mapping
 
 import yaml
 
-from datamodules.sts import STS_TASKS
+from datamodules.sts import SENTEVAL_PAIRS, STS_TASKS
 from encoders.sentence import SentenceEncoder
 from encoders.st_format import uses_head_at_eval, write_sentence_transformers_dir
 
 from .checkpoint import load_checkpoint
 from .sts_eval import format_table
+from .transfer import TRANSFER_TASKS, format_transfer_table
 
 
 def _objective_summary(objective: str | None) -> str:
@@ -125,18 +126,36 @@ def model_card(
         lines += _table(hyper) + [""]
 
     lines += ["## Evaluation", ""]
-    if results:
-        tasks = [t for t in STS_TASKS if t in results]
-        lines += ["SentEval-exact STS (Spearman x 100 of cosine similarity; STS12-16 in SentEval's \"all\" "
-                  f"setting, STS-B and SICK-R test sets), measured before export with precision {eval_precision}:", "",
-                  format_table({name: results}, tasks), ""]
-    else:
+    tasks = [t for t in STS_TASKS if t in (results or {})]
+    if tasks:
+        lines += [f"{evaluation_data_text(results, tasks)} Spearman x 100 of cosine similarity, STS12-16 in "
+                  f"SentEval's \"all\" setting; measured before export with precision {eval_precision}:", "",
+                  format_table({name: {**results, "avg": sum(results[t] for t in tasks) / len(tasks)}}, tasks), ""]
+    transfer = [t for t in TRANSFER_TASKS if t in (results or {})]
+    if transfer:
+        lines += ["SentEval's transfer tasks (test accuracy x 100 of SentEval's logistic regression; MRPC "
+                  "accuracy/F1):", "", format_transfer_table({name: {k: v for k, v in results.items() if k != "avg"}},
+                                                              transfer), ""]
+    if not tasks and not transfer:
         lines += ["Not evaluated at export time: `python evaluate.py --ckpt_path RUN.ckpt --sts_dir DIR` gives the STS table.", ""]
 
     if checkpoint.get("run_config"):
         lines += ["## Full training configuration", "", "<details><summary>config.yaml</summary>", "",
                   "```yaml", checkpoint["run_config"].rstrip("\n"), "```", "", "</details>", ""]
     return "\n".join(lines)
+
+
+def evaluation_data_text(results: Mapping[str, Any], tasks: list[str]) -> str:
+    """Which data the model card's scores come from: SentEval's STS test sets only when every task has
+    SentEval's pair count; otherwise the folder and its counts, marked as not comparable with papers."""
+    pairs = dict(results.get("pairs") or {})
+    where = f" read from `{results['sts_dir']}`" if results.get("sts_dir") else ""
+    if all(pairs.get(t) == SENTEVAL_PAIRS[t] for t in tasks):
+        counts = ", ".join(f"{t} {pairs[t]}" for t in tasks)
+        return f"SentEval's STS test sets{where} (pairs: {counts}), comparable with the papers' tables:"
+    counts = ", ".join(f"{t} {pairs.get(t, 'unknown')} (SentEval: {SENTEVAL_PAIRS[t]})" for t in tasks)
+    return (f"STS scores on a sample, not SentEval's test sets, so not comparable with the papers' tables: "
+            f"data{where or ' not recorded'}, pairs: {counts}.")
 
 
 def export_run(

@@ -46,10 +46,12 @@ def evaluate_sts(
     """Run the STS tasks with an ``encode(sentences) -> (N, H)`` function on the data in ``sts_dir``:
     this project's TSV layout or SentEval's data folder (``datamodules.sts.sts_layout``).
 
-    Returns ``{task: all-Spearman, ..., "avg": mean, "subsets": {task: {subset: Spearman}}}``.
+    Returns ``{task: all-Spearman, ..., "avg": mean, "subsets": {task: {subset: Spearman}},
+    "pairs": {task: pairs scored}}``: the pair counts tell SentEval's test sets from a sample.
     """
     results: dict[str, object] = {}
     subsets_out: dict[str, dict[str, float]] = {}
+    pairs_out: dict[str, int] = {}
     for task in tasks:
         subsets = {}
         for subset, pairs in load_sts_task(sts_dir, task).items():
@@ -62,8 +64,10 @@ def evaluate_sts(
         scores = aggregate_all(subsets)
         results[task] = scores.pop("all")
         subsets_out[task] = scores
+        pairs_out[task] = sum(len(gold) for _, gold in subsets.values())
     results["avg"] = float(np.mean([results[t] for t in tasks]))
     results["subsets"] = subsets_out
+    results["pairs"] = pairs_out
     return results
 
 

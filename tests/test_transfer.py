@@ -52,8 +52,13 @@ def _lines(rng: np.random.RandomState, words: list[str], n: int, noise: float = 
 @pytest.fixture(scope="module")
 def senteval_data(tmp_path_factory) -> Path:
     """SentEval's ``data/downstream`` layout with a few dozen lines per task; returns the ``data`` folder."""
+    return write_transfer_tasks(tmp_path_factory.mktemp("senteval") / "data" / "downstream").parent
+
+
+def write_transfer_tasks(root: Path) -> Path:
+    """The seven transfer tasks, a few dozen lines each, in SentEval's layout under ``root`` (a
+    ``downstream`` folder, which may already hold STS/ and SICK/); returns ``root``."""
     rng = np.random.RandomState(7)
-    root = tmp_path_factory.mktemp("senteval") / "data" / "downstream"
     for folder, (pos, neg), (n_pos, n_neg) in [
         ("MR", ("rt-polarity.pos", "rt-polarity.neg"), (30, 28)),
         ("CR", ("custrev.pos", "custrev.neg"), (32, 20)),
@@ -91,7 +96,7 @@ def senteval_data(tmp_path_factory) -> Path:
             b = a + " indeed" if same else _lines(rng, NEG_WORDS, 1, noise=0)[0]
             lines.append(f"{int(same)}\t{i}\t{1000 + i}\t{a}\t{b}")
         (root / "MRPC" / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return root.parent
+    return root
 
 
 # -- a naive reference, one fit at a time, written as SentEval's fit reads --------------------------------
