@@ -6,7 +6,11 @@
 
 The command line lives in ``harness/evaluate_cli.py``, so that an installed package carries it.
 """
-from harness.evaluate_cli import evaluate, load_encoder, main, parse_tasks  # noqa: F401
+import sys
 
 if __name__ == "__main__":
-    main()
+    from harness.launch import evaluate as launch
+
+    sys.exit(launch())
+
+from harness.evaluate_cli import evaluate, load_encoder, main, parse_tasks  # noqa: E402,F401

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 MODEL_KEYS = ("model_name", "complementary_model")
 DATA_KEYS = ("train_source", "train_sources", "val_sources")
@@ -87,16 +87,29 @@ def _is_hub_data(source: str) -> bool:
     return not os.path.exists(source) and not source.lower().endswith(LOCAL_SUFFIXES)
 
 
+def missing_model_path(names: Iterable[str]) -> str | None:
+    """The error of a model named by a local-looking path that does not exist (never a hub id)."""
+    from encoders.hub import looks_like_path
+
+    for name in names:  # a missing *.ckpt start is the checkpoint loader's to name
+        if looks_like_path(name) and not name.endswith(".ckpt") and not os.path.exists(os.path.expanduser(name)):
+            return f"no such model directory: {name}"
+    return None
+
+
 def hub_error(args: Sequence[str]) -> str | None:
     """The error line for a run that needs an unreachable hub, or None (reachable, offline, or not needed)."""
     from encoders.hub import (OFFLINE_MODEL_NAMES, OFFLINE_WAYS, _cached_snapshot, hub_offline, hub_unreachable_reason,
                               looks_like_path, verified_offline_copy)
 
-    if hub_offline():
-        return None
     try:
         config = _without_replaced_dev_sets(_merged_config(args))
     except Exception:  # unreadable: the full command line will say why
+        return None
+    missing = missing_model_path(_values(config, MODEL_KEYS))
+    if missing is not None:
+        return missing
+    if hub_offline():
         return None
     models = [m for m in _values(config, MODEL_KEYS)
               if not os.path.isdir(m) and not looks_like_path(m) and m != "self"
@@ -117,6 +130,76 @@ def hub_error(args: Sequence[str]) -> str | None:
                 "copy already in the Hugging Face cache is then used as it is), add a configs/overlays/offline_*.yaml "
                 "overlay, or give a local file in its place")
     return None
+
+
+SENTEVAL_TAR = "hf://datasets/princeton-nlp/datasets-for-simcse/senteval.tar"  # datamodules.sts's, not imported:
+# importing the data modules takes seconds (datasets, torch); tests hold the two equal
+
+
+def _options(args: Sequence[str]) -> dict[str, str]:
+    """``--key value`` and ``--key=value`` pairs of a flat command line (evaluate.py's)."""
+    out, i = {}, 0
+    while i < len(args):
+        arg = args[i]
+        if arg.startswith("--") and "=" in arg:
+            key, value = arg[2:].split("=", 1)
+            out[key] = value
+        elif arg.startswith("--") and i + 1 < len(args) and not args[i + 1].startswith("--"):
+            out[arg[2:]] = args[i + 1]
+            i += 1
+        elif arg.startswith("--"):
+            out[arg[2:]] = ""
+        i += 1
+    return out
+
+
+def evaluate_hub_error(args: Sequence[str]) -> str | None:
+    """evaluate.py's first second: a missing model path, or a hub model or the hub's STS data with
+    the hub unreachable, is one error line before torch is imported. A ``--config`` file is left to
+    the full command line (it may name the data)."""
+    from encoders.hub import (OFFLINE_MODEL_NAMES, OFFLINE_WAYS, _cached_snapshot, hub_offline, hub_unreachable_reason,
+                              looks_like_path, verified_offline_copy)
+
+    options = _options(args)
+    if "config" in options or "help" in options:
+        return None
+    model = options.get("model") or None
+    missing = missing_model_path([model] if model else [])
+    if missing is not None or hub_offline():
+        return missing
+    needs_model = (model is not None and not os.path.exists(model) and not looks_like_path(model)
+                   and not (model in OFFLINE_MODEL_NAMES and verified_offline_copy() is not None))
+    tasks = options.get("tasks", "sts")
+    only_transfer = "transfer_dir" in options and not any(
+        t.strip(" []'\"") in ("sts", "all") or t.strip(" []'\"").startswith(("sts", "sick"))
+        for t in tasks.split(","))
+    needs_data = not any(k in options for k in ("sts_dir", "export")) and not only_transfer
+    if not needs_model and not needs_data:
+        return None
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    reason = hub_unreachable_reason(constants.ENDPOINT)
+    if reason is None:
+        return None
+    repo, filename = SENTEVAL_TAR.removeprefix("hf://datasets/").rsplit("/", 1)
+    if needs_data and not isinstance(try_to_load_from_cache(repo, filename, repo_type="dataset"), str):
+        return (f"{SENTEVAL_TAR} (the STS evaluation data): the Hugging Face hub cannot be reached ({reason}); give "
+                "--sts_dir DIR with this project's TSV layout or SentEval's data folder (docs/EVALUATION.md), "
+                "or set HF_HUB_OFFLINE=1 to use a copy already in the Hugging Face cache")
+    if needs_model and _cached_snapshot(model) is None:
+        return f"model {model!r}: the Hugging Face hub cannot be reached ({reason}) and its cache has no copy; {OFFLINE_WAYS}"
+    return None
+
+
+def evaluate() -> None:
+    """``sentemb-evaluate`` and ``python evaluate.py``: the hub check, then the full command line."""
+    message = None if os.environ.get("SENTEMB_DEBUG") else evaluate_hub_error(sys.argv[1:])
+    if message is not None:
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+    from .evaluate_cli import main
+
+    main()
 
 
 def train() -> None:

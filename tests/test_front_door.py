@@ -162,3 +162,53 @@ def test_the_launch_check_finds_what_a_run_needs_from_the_hub(monkeypatch, tiny_
     assert hub_error(offline + [f"--model.init_args.encoder.init_args.model_name={tiny_model_dir}"]) is None
     monkeypatch.setattr(hub, "hub_offline", lambda: True)
     assert hub_error(paper) is None  # offline: the cache decides, in the run itself
+
+
+def test_evaluate_check_answers_before_torch_is_imported(monkeypatch, tmp_path):
+    """evaluate.py's preflight: a missing model path always, and with the hub unreachable a hub model or
+    the hub's STS data, each as the one line; local data and local models pass to the full command line."""
+    from datamodules.sts import SENTEVAL_TAR
+    from harness import launch
+
+    assert launch.SENTEVAL_TAR == SENTEVAL_TAR  # the copy that spares the preflight the data modules' imports
+    monkeypatch.setattr(hub, "hub_offline", lambda: False)
+    monkeypatch.setattr(hub, "hub_unreachable_reason", lambda endpoint: "no route")
+    monkeypatch.setattr(hub, "_cached_snapshot", lambda repo_id: None)
+    check = launch.evaluate_hub_error
+    typo = str(tmp_path / "models" / "my-encodr")
+    assert check(["--model", typo, "--sts_dir", "x"]) == f"no such model directory: {typo}"
+    assert check(["--model", "bert-base-uncased", "--sts_dir", "tests/fixtures/sts"]).startswith(
+        "model 'bert-base-uncased': the Hugging Face hub cannot be reached (no route)")
+    assert check(["--model", str(tmp_path)]).startswith(f"{SENTEVAL_TAR} (the STS evaluation data): the Hugging "
+                                                        "Face hub cannot be reached (no route); give --sts_dir DIR")
+    assert check(["--model", str(tmp_path), "--tasks=trec", "--transfer_dir", "x"]) is None  # no STS data needed
+    assert check(["--model", str(tmp_path), "--tasks", "stsb", "--transfer_dir", "x"]) is not None
+    assert check(["--model", str(tmp_path), "--sts_dir", "tests/fixtures/sts"]) is None
+    assert check(["--ckpt_path", "run.ckpt", "--export", "out"]) is None
+    monkeypatch.setattr(hub, "hub_offline", lambda: True)
+    assert check(["--model", "bert-base-uncased"]) is None  # offline: the cache decides, in the run itself
+    assert check(["--model", typo]) == f"no such model directory: {typo}"
+
+
+@pytest.mark.slow
+def test_evaluate_without_the_hub_is_one_line_in_seconds(tmp_path):
+    import subprocess
+    import sys
+
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "evaluate.py", "--model", "bert-base-uncased", "--sts_dir",
+                             "tests/fixtures/sts"], cwd=ROOT, env=_without_hub(), capture_output=True, text=True,
+                            timeout=120)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert errors[0].startswith("error: model 'bert-base-uncased': the Hugging Face hub cannot be reached")
+    assert time.monotonic() - start < 10
+
+
+def test_train_names_a_missing_model_path_before_lightning(tmp_path):
+    from harness.launch import hub_error
+
+    (tmp_path / "models").mkdir()
+    typo = str(tmp_path / "models" / "my-encodr")
+    assert hub_error(["--config", "configs/quickstart.yaml",
+                      "--model.init_args.encoder.init_args.model_name", typo]) == f"no such model directory: {typo}"

@@ -52,7 +52,7 @@ def test_wheel_holds_every_imported_package_and_no_foreign_top_level_module(whee
     assert imported & (project_dirs - {"configs"}) <= OWN_PACKAGES  # never train, evaluate, tests, ...
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
-    assert "sentemb-train = harness.launch:train" in text and "sentemb-evaluate = harness.evaluate_cli:main" in text
+    assert "sentemb-train = harness.launch:train" in text and "sentemb-evaluate = harness.launch:evaluate" in text
 
 
 @pytest.mark.slow
