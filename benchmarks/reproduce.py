@@ -380,7 +380,7 @@ def data_line(evaluation: dict) -> str:
     """Which data the scores come from; a sample (the fixtures) is said to be one."""
     from harness.export import evaluation_data_text
 
-    return evaluation_data_text(evaluation, list(STS_TASKS)).rstrip(":") + "."
+    return evaluation_data_text(evaluation, list(STS_TASKS)) + "."
 
 
 def report(name: str, paper: Paper, args: argparse.Namespace, steps: dict[str, dict], evaluation: dict,

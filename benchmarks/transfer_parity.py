@@ -9,10 +9,10 @@ settings. Per task: test accuracy (and MRPC's F1) of each side and the seconds e
 thread by default.
 
 SentEval's code is not part of this project: give the folder that holds its ``senteval`` package
-(a clone of facebookresearch/SentEval) with ``--senteval_path``. Its classifier calls ``.cuda()``;
+(a clone of facebookresearch/SentEval, here beside this one) with ``--senteval_path``. Its classifier calls ``.cuda()``;
 here that call is made a no-op so it runs on the CPU, which changes nothing else.
 
-    python benchmarks/transfer_parity.py --data_dir ../shared/data/senteval --senteval_path /path/to/SentEval \\
+    python benchmarks/transfer_parity.py --data_dir ../shared/data/senteval --senteval_path ../SentEval \\
         --output transfer_parity.json [--tasks mr,cr] [--side both|ours|senteval] [--threads 1]
 
 Each task's result is merged into ``--output`` as soon as it is known, and tasks already there are

@@ -122,11 +122,10 @@ def evaluate(
     if transfer:
         found = evaluate_transfer(encode, transfer_dir or sts_dir, transfer,
                                   progress=lambda line: print(line, flush=True))
-        if "avg" in found:
+        print(format_transfer_table({name: found}, transfer))
+        if "avg" in found:  # beside the STS average, under its own name
             found["transfer_avg"] = found.pop("avg")
         results.update(found)
-        print(format_transfer_table({name: {**found, **({"avg": found["transfer_avg"]} if "transfer_avg" in found
-                                                      else {})}}, transfer))
     if output is not None:
         with open(output, "x") as f:
             json.dump({"model": name, "pooling": encoder.pooling, "precision": precision, **results}, f, indent=2)

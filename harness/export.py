@@ -128,14 +128,13 @@ def model_card(
     lines += ["## Evaluation", ""]
     tasks = [t for t in STS_TASKS if t in (results or {})]
     if tasks:
-        lines += [f"{evaluation_data_text(results, tasks)} Spearman x 100 of cosine similarity, STS12-16 in "
+        lines += [f"{evaluation_data_text(results, tasks)}. Spearman x 100 of cosine similarity, STS12-16 in "
                   f"SentEval's \"all\" setting; measured before export with precision {eval_precision}:", "",
-                  format_table({name: {**results, "avg": sum(results[t] for t in tasks) / len(tasks)}}, tasks), ""]
+                  format_table({name: results}, tasks), ""]
     transfer = [t for t in TRANSFER_TASKS if t in (results or {})]
     if transfer:
         lines += ["SentEval's transfer tasks (test accuracy x 100 of SentEval's logistic regression; MRPC "
-                  "accuracy/F1):", "", format_transfer_table({name: {k: v for k, v in results.items() if k != "avg"}},
-                                                              transfer), ""]
+                  "accuracy/F1):", "", format_transfer_table({name: transfer_row(results)}, transfer), ""]
     if not tasks and not transfer:
         lines += ["Not evaluated at export time: `python evaluate.py --ckpt_path RUN.ckpt --sts_dir DIR` gives the STS table.", ""]
 
@@ -145,17 +144,26 @@ def model_card(
     return "\n".join(lines)
 
 
+def transfer_row(results: Mapping[str, Any]) -> dict[str, Any]:
+    """evaluate.py's results as ``format_transfer_table`` reads them: its ``avg`` is the transfer average."""
+    row = {k: v for k, v in results.items() if k != "avg"}
+    if "transfer_avg" in row:
+        row["avg"] = row["transfer_avg"]
+    return row
+
+
 def evaluation_data_text(results: Mapping[str, Any], tasks: list[str]) -> str:
     """Which data the model card's scores come from: SentEval's STS test sets only when every task has
-    SentEval's pair count; otherwise the folder and its counts, marked as not comparable with papers."""
+    SentEval's pair count; otherwise the folder and its counts, marked as not comparable with papers.
+    One sentence without its end punctuation."""
     pairs = dict(results.get("pairs") or {})
     where = f" read from `{results['sts_dir']}`" if results.get("sts_dir") else ""
     if all(pairs.get(t) == SENTEVAL_PAIRS[t] for t in tasks):
         counts = ", ".join(f"{t} {pairs[t]}" for t in tasks)
-        return f"SentEval's STS test sets{where} (pairs: {counts}), comparable with the papers' tables:"
+        return f"SentEval's STS test sets{where} (pairs: {counts}), comparable with the papers' tables"
     counts = ", ".join(f"{t} {pairs.get(t, 'unknown')} (SentEval: {SENTEVAL_PAIRS[t]})" for t in tasks)
     return (f"STS scores on a sample, not SentEval's test sets, so not comparable with the papers' tables: "
-            f"data{where or ' not recorded'}, pairs: {counts}.")
+            f"data{where or ' not recorded'}, pairs: {counts}")
 
 
 def export_run(

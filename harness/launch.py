@@ -191,12 +191,18 @@ def evaluate_hub_error(args: Sequence[str]) -> str | None:
     return None
 
 
-def evaluate() -> None:
-    """``sentemb-evaluate`` and ``python evaluate.py``: the hub check, then the full command line."""
-    message = None if os.environ.get("SENTEMB_DEBUG") else evaluate_hub_error(sys.argv[1:])
+def _checked(check) -> None:
+    """One error line and exit 2 when ``check`` finds the command line cannot run (``SENTEMB_DEBUG``
+    skips it, so that the full command line shows its traceback)."""
+    message = None if os.environ.get("SENTEMB_DEBUG") else check(sys.argv[1:])
     if message is not None:
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
+
+
+def evaluate() -> None:
+    """``sentemb-evaluate`` and ``python evaluate.py``: the hub check, then the full command line."""
+    _checked(evaluate_hub_error)
     from .evaluate_cli import main
 
     main()
@@ -204,10 +210,7 @@ def evaluate() -> None:
 
 def train() -> None:
     """``sentemb-train`` and ``python train.py``: the hub check, then the full command line."""
-    message = None if os.environ.get("SENTEMB_DEBUG") else hub_error(sys.argv[1:])
-    if message is not None:
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
+    _checked(hub_error)
     from .train_cli import main
 
     main()

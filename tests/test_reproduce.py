@@ -107,6 +107,7 @@ def test_two_step_paper_offline_prints_the_table_writes_results_and_resumes(tmp_
     markdown = (run / "result.md").read_text()
     assert "| ours - paper |" in markdown and "Table 2" in markdown
     assert "STS scores on a sample, not SentEval's test sets" in markdown  # the fixtures are not the papers' data
+    assert "(SentEval: 4927). The best dev checkpoint of each step:" in markdown  # one sentence, ended once
 
     # our figures are the harness's on the best dev checkpoint of the second step, which started from the first's
     nli, stsb = result["steps"]["nli"], result["steps"]["stsb"]
