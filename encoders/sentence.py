@@ -178,15 +178,35 @@ class SentenceEncoder(nn.Module):
 
     def _pool(self, features: dict[str, Tensor]) -> Tensor:
         mask = features["attention_mask"]
-        if self.padding_free:
-            tokens, packing = packed_forward(self.transformer, features["input_ids"], mask)  # (N, H)
-            pooled = pool_packed(tokens, packing, self.pooling)  # (B, H)
-        else:
-            pooled = self._pool_padded(features["input_ids"], mask)
+        cut = features.get("embedding_mask")  # a positive view's cutoff (encoders/augment.py)
+        with self._embedding_mask(cut, mask) if cut is not None else contextlib.nullcontext():
+            if self.padding_free:
+                tokens, packing = packed_forward(self.transformer, features["input_ids"], mask)  # (N, H)
+                pooled = pool_packed(tokens, packing, self.pooling)  # (B, H)
+            else:
+                pooled = self._pool_padded(features["input_ids"], mask)
         if self.pooling in ("mean", "max"):
             return pooled
         use_head = self.mlp is not None and self.pooling == "cls" and (self.training or not self.mlp_only_train)
         return self.mlp(pooled) if use_head else pooled
+
+    @contextlib.contextmanager
+    def _embedding_mask(self, cut: Tensor, mask: Tensor):
+        """Multiply the embedding layer's output by ``cut`` ((B, L, 1) or (B, 1, H), 0/1) during one forward:
+        (B, L, H) on the padded path, the real tokens' rows (N, H) on the padding-free one."""
+        batch, width = mask.shape
+
+        def apply(module: nn.Module, inputs: tuple, output: Tensor) -> Tensor:
+            full = cut.expand(batch, width, output.shape[-1]).to(output.dtype)  # (B, L, H)
+            if output.dim() == 3:
+                return output * full
+            return output * full.reshape(batch * width, -1)[mask.reshape(-1).bool()]  # (N, H), row-major
+
+        handle = self.transformer.embeddings.dropout.register_forward_hook(apply)
+        try:
+            yield
+        finally:
+            handle.remove()
 
     def _pool_padded(self, input_ids: Tensor, mask: Tensor) -> Tensor:
         """Mean, max or first-token vectors (B, H) of the transformer run on the padded batch."""

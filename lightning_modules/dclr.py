@@ -6,12 +6,13 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from encoders.augment import Augmentation, check_augmentation, positive_view
 from encoders.sentence import Pooling, SentenceEncoder
 
 from .base import SentenceEmbeddingModule
 from .distributed import gather_with_grad
 from .losses import (anchor_cosines, cosine_similarity_matrix, dclr_loss, dclr_noise_ascent, dclr_official_loss,
-                     dclr_weights, quantile_threshold)
+                     dclr_weights, distillation_kl, quantile_threshold)
 from .ranking import in_batch_candidates, ranking_diagnostics
 
 
@@ -112,6 +113,13 @@ class DCLR(SentenceEmbeddingModule):
         phi_quantile: when set, the weighting threshold of each batch is this quantile of its
             complementary cosines (in-batch negatives) instead of ``phi``.
         gather_across_devices: in-batch negatives from all devices, with gradient.
+        augmentation: the positive view: ``dropout`` (the paper's), or dropout plus one of ``token_shuffle``,
+            ``token_cutoff``, ``span_cutoff``, ``feature_cutoff`` (encoders/augment.py; the paper's Table 6).
+        augmentation_rate: the fraction of tokens or hidden dimensions a cutoff zeroes.
+        distillation_weight: when > 0, the complementary model also teaches by distillation: this weight
+            times KL(p_comp || p_model), each the softmax at ``temperature`` of one anchor's cosines with every
+            in-batch candidate (its positive included). With ``use_weighting=false`` it takes weighting's
+            place (the distillation ablation of docs/RESULTS.md).
     """
 
     batch_keys = ("sentence",)
@@ -133,9 +141,17 @@ class DCLR(SentenceEmbeddingModule):
         noise_step: Literal["absolute", "relative"] = "absolute",
         phi_quantile: float | None = None,
         gather_across_devices: bool = True,
+        augmentation: Augmentation = "dropout",
+        augmentation_rate: float = 0.1,
+        distillation_weight: float = 0.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(encoder, **kwargs)
+        check_augmentation(augmentation, augmentation_rate)
+        if distillation_weight < 0:
+            raise ValueError(f"model.init_args.distillation_weight must be >= 0, got {distillation_weight}")
+        if distillation_weight > 0 and complementary_model == "self":
+            raise ValueError("model.init_args.distillation_weight needs a complementary model other than 'self'")
         if temperature <= 0:
             raise ValueError(f"model.init_args.temperature must be positive, got {temperature}")
         if not 0 < phi <= 1:
@@ -160,16 +176,19 @@ class DCLR(SentenceEmbeddingModule):
         self.noise_step = noise_step
         self.phi_quantile = phi_quantile
         self.gather_across_devices = gather_across_devices
+        self.augmentation = augmentation
+        self.augmentation_rate = augmentation_rate
+        self.distillation_weight = distillation_weight
         self.complementary: SentenceEncoder | None = None
         self.complementary_head: ComplementaryHead = "pooling"
         self.self_weighting = use_weighting and complementary_model == "self"
-        if use_weighting and not self.self_weighting:
+        if (use_weighting or distillation_weight > 0) and not self.self_weighting:
             self.complementary = load_complementary(complementary_model, complementary_pooling)
             if self.official:
                 self.complementary_head = complementary_head(complementary_model, self.complementary)
             # Only the paper form weights the noise, which compares the two models' vectors directly; the
             # official form never does, so a complementary model of another width is fine there.
-            if self.use_noise and not self.official and self.complementary.dim != encoder.dim:
+            if self.use_noise and use_weighting and not self.official and self.complementary.dim != encoder.dim:
                 raise ValueError(
                     f"model.init_args.complementary_model: its embeddings have {self.complementary.dim} dimensions, "
                     f"the encoder's {encoder.dim}; the paper form weights noise negatives by comparing them "
@@ -225,7 +244,8 @@ class DCLR(SentenceEmbeddingModule):
     def training_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Any]]:
         features = batch["sentence"]
         z1 = self.encoder(features).float()  # (B, H) anchors
-        z2 = self.encoder(features).float()  # (B, H) positives: the same sentences, another dropout mask
+        # (B, H) positives: the same sentences, another dropout mask (and the augmentation, when one is set)
+        z2 = self.encoder(positive_view(features, self.augmentation, self.augmentation_rate, self.encoder.dim)).float()
         B = z1.shape[0]
         z2_all, labels = in_batch_candidates(z1, z2, None, self.gather_across_devices)  # (world*B, H), (B,)
         sims = cosine_similarity_matrix(z1, z2_all)  # (B, world*B)
@@ -236,7 +256,7 @@ class DCLR(SentenceEmbeddingModule):
         weights = torch.ones_like(neg)
         logs: dict[str, Any] = {}
 
-        comp_anchor = threshold = None
+        comp_anchor = comp_sims = threshold = None
         if self.complementary is not None or self.self_weighting:
             with torch.no_grad():
                 if self.self_weighting:  # the paper's ablation: the model being trained scores its own negatives
@@ -244,7 +264,10 @@ class DCLR(SentenceEmbeddingModule):
                 else:
                     comp_anchor, comp_view = self._complementary_views(features)  # (B, H') each
                     comp_all = gather_with_grad(comp_view) if self.gather_across_devices else comp_view
-                comp_neg = cosine_similarity_matrix(comp_anchor, comp_all)[others].view(B, -1)  # (B, world*B - 1)
+                comp_sims = cosine_similarity_matrix(comp_anchor, comp_all)  # (B, world*B)
+                comp_neg = comp_sims[others].view(B, -1)  # (B, world*B - 1)
+        if comp_sims is not None and self.use_weighting:
+            with torch.no_grad():
                 if self.phi_quantile is not None:
                     threshold = quantile_threshold(comp_neg, self.phi_quantile)
                     logs["threshold"] = threshold
@@ -268,7 +291,7 @@ class DCLR(SentenceEmbeddingModule):
                         noise_lu_before=diag["lu_before"], noise_lu_after=diag["lu_after"])
             noise_sims = anchor_cosines(z1, noise)  # (B, k): noise shared (k, H) or per anchor (B, k, H)
             noise_weights = torch.ones_like(noise_sims)
-            if comp_anchor is not None and not self.official:
+            if comp_anchor is not None and self.use_weighting and not self.official:
                 # The paper weights noise too. The noise lives in the trained model's space, so this cosine
                 # compares vectors of two models; docs/RESULTS.md logs that it never masked a noise negative.
                 with torch.no_grad():
@@ -282,6 +305,10 @@ class DCLR(SentenceEmbeddingModule):
             loss = dclr_official_loss(pos, neg, weights, self.temperature)
         else:
             loss = dclr_loss(pos, neg, weights, self.temperature, "remove")
+        if self.distillation_weight > 0:
+            distill = distillation_kl(comp_sims, sims, self.temperature)
+            logs["distillation_kl"] = distill.detach()
+            loss = loss + self.distillation_weight * distill
         accuracy = ((pos[:, None] > neg) | (weights == 0)).all(-1).float().mean()  # over kept negatives
         logs.update(ranking_diagnostics(z1, z2, accuracy), temperature=self.temperature)
         return loss, logs

@@ -342,3 +342,15 @@ def quantile_threshold(comp_sims: Tensor, q: float) -> Tensor:
     if not 0 < q < 1:
         raise ValueError(f"q must be in (0, 1), got {q!r}")
     return torch.quantile(_fp32(comp_sims.detach()).flatten(), q)
+
+
+def distillation_kl(teacher_sims: Tensor, student_sims: Tensor, temperature: float) -> Tensor:
+    """Mean over anchors of KL(p_teacher || p_student), each row the softmax of cosines / temperature over
+    the same in-batch candidates; the teacher's cosines carry no gradient.
+
+    teacher_sims, student_sims: (B, C) -> scalar
+    """
+    _check_positive("temperature", temperature)
+    teacher = F.log_softmax(_fp32(teacher_sims).detach() / temperature, dim=-1)  # (B, C)
+    student = F.log_softmax(_fp32(student_sims) / temperature, dim=-1)  # (B, C)
+    return F.kl_div(student, teacher, log_target=True, reduction="batchmean")

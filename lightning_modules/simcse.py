@@ -5,6 +5,7 @@ from typing import Any, Sequence
 
 from torch import Tensor
 
+from encoders.augment import Augmentation, check_augmentation, positive_view
 from encoders.sentence import SentenceEncoder
 from .ranking import InBatchRanking
 
@@ -28,6 +29,9 @@ class SimCSE(InBatchRanking):
     Args:
         encoder: the sentence encoder.
         temperature: tau of the cosine logits (scale = 1 / tau).
+        augmentation: the unsupervised positive view: ``dropout`` (SimCSE's), or dropout plus one of
+            ``token_shuffle``, ``token_cutoff``, ``span_cutoff``, ``feature_cutoff`` (encoders/augment.py).
+        augmentation_rate: the fraction of tokens or hidden dimensions a cutoff zeroes.
         gather_across_devices: negatives from all devices, with gradient.
         mini_batch_size: GradCache mini-batch; None embeds the whole batch at once.
     """
@@ -44,15 +48,20 @@ class SimCSE(InBatchRanking):
     def describe_batch_keys(cls) -> str:
         return f"{', '.join(cls.batch_keys)} (unsupervised) or {', '.join(cls.supervised_batch_keys)} (supervised)"
 
-    def __init__(self, encoder: SentenceEncoder, temperature: float = 0.05, **kwargs: Any) -> None:
+    def __init__(self, encoder: SentenceEncoder, temperature: float = 0.05, augmentation: Augmentation = "dropout",
+                 augmentation_rate: float = 0.1, **kwargs: Any) -> None:
         super().__init__(encoder, **kwargs)
         if temperature <= 0:
             raise ValueError(f"model.init_args.temperature must be positive, got {temperature}")
+        check_augmentation(augmentation, augmentation_rate)
         self.temperature = temperature
+        self.augmentation = augmentation
+        self.augmentation_rate = augmentation_rate
 
     def training_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Any]]:
         if "sentence" in batch:  # unsupervised: the same sentences twice, two dropout masks
-            columns = [batch["sentence"], batch["sentence"]]
+            sentence = batch["sentence"]
+            columns = [sentence, positive_view(sentence, self.augmentation, self.augmentation_rate, self.encoder.dim)]
         else:
             columns = [batch["anchor"], batch["positive"], batch["negative"]]
         loss, logs = self.ranked_loss(columns, 1.0 / self.temperature)
