@@ -134,7 +134,8 @@ def run_cell(args: argparse.Namespace, cell: Path, assignment: dict[str, str], s
         print(f"skip {cell.relative_to(args.out)} (finished)", flush=True)
         return json.loads((cell / "eval.json").read_text())
     cell.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT))
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)  # the user's kept after
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=path)
     if args.threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
     overrides = [o.replace("{seed}", str(seed)) for o in [*args.set, *(f"{k}={v}" for k, v in assignment.items())]]
