@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
+
 from tests.conftest import ROOT
 from tests.test_train import objective_config
 
@@ -142,3 +144,45 @@ def test_dclr_mechanisms_averages_logged_steps_then_cells(tmp_path, capsys):
     cells = [c.strip() for c in line.strip("|").split("|")]
     assert cells[0] == "acting (seed42, seed43)" and float(cells[3]) == 0.3  # (0.2 + 0.4) / 2
     assert cells[1] == "—"  # never logged
+
+
+def test_dev_paired_matches_the_step_and_pairs_unfinished_cells_by_seed(tmp_path, capsys):
+    from torch.utils.tensorboard import SummaryWriter
+
+    import dev_paired
+
+    curves = {"simcse": {42: [(49, 80.0), (99, 80.4), (149, 90.0)], 43: [(49, 80.1), (99, 80.2)]},
+              "dclr": {42: [(49, 80.5), (99, 81.0)], 43: [(49, 80.9), (99, 80.7)], 44: [(49, 81.0)]}}
+    for row, cells in curves.items():
+        for seed, points in cells.items():
+            with SummaryWriter(str(tmp_path / row / f"seed{seed}" / "train" / "version_0")) as writer:
+                for step, value in points:
+                    writer.add_scalar("val/avg_spearman", value, step)
+    assert dev_paired.main(["--up_to", "99", f"SimCSE={tmp_path / 'simcse'}", f"DCLR={tmp_path / 'dclr'}"]) == 0
+    out = capsys.readouterr().out
+    # step 149 of SimCSE is past the matched step; seed 44 of DCLR has not validated at 99 and is left out.
+    # best up to 99: SimCSE 80.40, 80.20; DCLR 81.00, 80.90 -> differences +0.60, +0.70 (by hand)
+    assert "| SimCSE | 80.40 | 80.20 |" in out and "| DCLR | 81.00 | 80.90 |" in out
+    assert "+0.65 ± 0.07 (n=2)" in out
+
+
+def test_grid_csv_writes_each_finished_cell_and_never_overwrites(tmp_path):
+    import grid_csv
+
+    for label, seed, results, dev in (("base", 42, {"stsb": 80.0, "avg": 77.0}, {"stsb": 85.0, "sickr": 76.0, "step": 400}),
+                                      ("base", 43, {}, {"stsb": 84.0, "sickr": 75.0, "step": None})):
+        cell = tmp_path / "g" / label / f"seed{seed}"
+        cell.mkdir(parents=True)
+        (cell / "eval.json").write_text(json.dumps(results))
+        (cell / "dev.json").write_text(json.dumps(dev))
+    (tmp_path / "g" / "base" / "seed44").mkdir()  # unfinished: no eval.json
+    out = tmp_path / "cells.csv"
+    assert grid_csv.main([str(tmp_path / "g"), "--out", str(out)]) == 0
+    import csv
+
+    rows = list(csv.DictReader(out.open()))
+    assert [r["seed"] for r in rows] == ["42", "43"]
+    assert rows[0]["avg"] == "77.00" and rows[0]["dev_mean"] == "80.50" and rows[0]["dev_step"] == "400"
+    assert rows[1]["avg"] == "" and rows[1]["dev_step"] == ""
+    with pytest.raises(SystemExit, match="never overwritten"):
+        grid_csv.main([str(tmp_path / "g"), "--out", str(out)])
