@@ -186,3 +186,21 @@ def test_grid_csv_writes_each_finished_cell_and_never_overwrites(tmp_path):
     assert rows[1]["avg"] == "" and rows[1]["dev_step"] == ""
     with pytest.raises(SystemExit, match="never overwritten"):
         grid_csv.main([str(tmp_path / "g"), "--out", str(out)])
+
+
+def test_fraction_plot_reads_fraction_cells_and_adds_the_full_point(tmp_path):
+    import fraction_plot
+
+    for fraction, stsb in (("0.01", 80.0), ("0.1", 82.0)):
+        cell = tmp_path / "g" / f"fraction={fraction}" / "seed42"
+        cell.mkdir(parents=True)
+        (cell / "eval.json").write_text("{}")
+        (cell / "dev.json").write_text(json.dumps({"stsb": stsb, "sickr": 75.0}))
+    assert fraction_plot.series_points([tmp_path / "g"]) == {0.01: (80.0, 75.0), 0.1: (82.0, 75.0)}
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "dev.json").write_text(json.dumps({"stsb": 85.0, "sickr": 76.0}))
+    out = tmp_path / "f.png"
+    assert fraction_plot.main([f"SimCSE={tmp_path / 'g'}", "--full", f"SimCSE={full}", "--start", "79,75",
+                               "--out", str(out)]) == 0
+    assert out.read_bytes()[:4] == b"\x89PNG"
