@@ -346,9 +346,15 @@ def quantile_threshold(comp_sims: Tensor, q: float) -> Tensor:
 
 def distillation_kl(teacher_sims: Tensor, student_sims: Tensor, temperature: float) -> Tensor:
     """Mean over anchors of KL(p_teacher || p_student), each row the softmax of cosines / temperature over
-    the same in-batch candidates; the teacher's cosines carry no gradient.
+    the same in-batch candidates; the teacher's cosines carry no gradient. DCLR's distillation ablation
+    (``DCLR(distillation_weight=W)``): the complementary SimCSE teaches through its similarity distribution
+    instead of masking negatives (``dclr_weights``). Zero when both rows agree.
 
     teacher_sims, student_sims: (B, C) -> scalar
+
+        >>> teacher = torch.tensor([[0.9, 0.2, 0.1]])
+        >>> float(distillation_kl(teacher, teacher, 0.05))
+        0.0
     """
     _check_positive("temperature", temperature)
     teacher = F.log_softmax(_fp32(teacher_sims).detach() / temperature, dim=-1)  # (B, C)
