@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--full", action="append", default=[], metavar="NAME=CELL", help="a series' 100 %% cell")
     parser.add_argument("--start", default=None, metavar="STSB,SICKR", help="the start model's dev figures")
     parser.add_argument("--out", type=Path, required=True)
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # each series may be followed by its --full
     import matplotlib
 
     matplotlib.use("Agg")
