@@ -153,7 +153,7 @@ class Protocol:
 
     def stage_dev2(self) -> list[list[str]]:
         mean, best = self.best_dev(["protocol_dev_noise_weighting"])
-        around = [s for s in self.settings(best)]
+        around = self.settings(best)
         beta = next(s for s in around if s.startswith(f"{M}noise_beta="))
         quantile = next(s for s in around if s.startswith(f"{M}phi_quantile="))
         print(f"best of the noise x weighting grid: {best.parent.name} (dev mean {mean:.2f})", flush=True)

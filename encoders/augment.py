@@ -49,10 +49,10 @@ def _count(inner: Tensor, rate: float) -> Tensor:
     return torch.minimum(torch.ceil(rate * n.float()).long().clamp(min=1), n)
 
 
-def token_shuffle(input_ids: Tensor, mask: Tensor, generator: torch.Generator | None = None) -> Tensor:
+def token_shuffle(input_ids: Tensor, mask: Tensor) -> Tensor:
     """(B, L) ids with each row's interior tokens in a random order."""
     inner = interior(mask)
-    keys = torch.rand(input_ids.shape, device=input_ids.device, generator=generator)
+    keys = torch.rand(input_ids.shape, device=input_ids.device)
     keys = keys.masked_fill(~inner, 2.0)  # interior tokens sort first among themselves, in random order
     order = keys.argsort(1)  # (B, L): the first n_b entries are the row's interior positions, shuffled
     slots = inner.long().cumsum(1) - 1  # (B, L): rank of each interior position among the row's interior
@@ -60,50 +60,48 @@ def token_shuffle(input_ids: Tensor, mask: Tensor, generator: torch.Generator | 
     return torch.where(inner, input_ids.gather(1, source), input_ids)
 
 
-def token_cutoff(mask: Tensor, rate: float, generator: torch.Generator | None = None) -> Tensor:
+def token_cutoff(mask: Tensor, rate: float) -> Tensor:
     """(B, L, 1) 0/1: ``rate`` of each row's interior tokens zeroed, chosen at random."""
     inner = interior(mask)
-    keys = torch.rand(mask.shape, device=mask.device, generator=generator).masked_fill(~inner, 2.0)
+    keys = torch.rand(mask.shape, device=mask.device).masked_fill(~inner, 2.0)
     rank = keys.argsort(1).argsort(1)  # (B, L): each position's rank; interior positions rank first
     cut = inner & (rank < _count(inner, rate)[:, None])
     return (~cut).unsqueeze(-1).float()
 
 
-def span_cutoff(mask: Tensor, rate: float, generator: torch.Generator | None = None) -> Tensor:
+def span_cutoff(mask: Tensor, rate: float) -> Tensor:
     """(B, L, 1) 0/1: one contiguous span of ``rate`` of each row's interior tokens zeroed."""
     inner = interior(mask)
     n = inner.sum(1)  # (B,)
     span = _count(inner, rate)  # (B,)
     # start at interior position 1 + U{0, ..., n - span}
-    start = 1 + (torch.rand(n.shape, device=mask.device, generator=generator) * (n - span + 1).float()).long()
+    start = 1 + (torch.rand(n.shape, device=mask.device) * (n - span + 1).float()).long()
     position = torch.arange(mask.shape[1], device=mask.device)[None, :]  # (1, L)
     cut = inner & (position >= start[:, None]) & (position < (start + span)[:, None])
     return (~cut).unsqueeze(-1).float()
 
 
-def feature_cutoff(batch: int, hidden: int, rate: float, device: torch.device,
-                   generator: torch.Generator | None = None) -> Tensor:
+def feature_cutoff(batch: int, hidden: int, rate: float, device: torch.device) -> Tensor:
     """(B, 1, H) 0/1: ``ceil(rate x H)`` of the hidden dimensions zeroed per row, for all its tokens."""
-    keys = torch.rand((batch, hidden), device=device, generator=generator)
+    keys = torch.rand((batch, hidden), device=device)
     cut = keys.argsort(1).argsort(1) < max(1, math.ceil(rate * hidden))
     return (~cut).unsqueeze(1).float()
 
 
-def positive_view(features: dict[str, Tensor], kind: str, rate: float, hidden: int,
-                  generator: torch.Generator | None = None) -> dict[str, Tensor]:
+def positive_view(features: dict[str, Tensor], kind: str, rate: float, hidden: int) -> dict[str, Tensor]:
     """The positive view of a tokenized batch: ``features`` itself for ``dropout``, else a copy with shuffled
     ``input_ids`` or an ``embedding_mask``."""
     if kind == "dropout":
         return features
     ids, mask = features["input_ids"], features["attention_mask"]
     if kind == "token_shuffle":
-        return {**features, "input_ids": token_shuffle(ids, mask, generator)}
+        return {**features, "input_ids": token_shuffle(ids, mask)}
     if kind == "token_cutoff":
-        cut = token_cutoff(mask, rate, generator)
+        cut = token_cutoff(mask, rate)
     elif kind == "span_cutoff":
-        cut = span_cutoff(mask, rate, generator)
+        cut = span_cutoff(mask, rate)
     elif kind == "feature_cutoff":
-        cut = feature_cutoff(ids.shape[0], hidden, rate, ids.device, generator)
+        cut = feature_cutoff(ids.shape[0], hidden, rate, ids.device)
     else:
         raise ValueError(f"unknown augmentation {kind!r}; one of {', '.join(AUGMENTATIONS)}")
     return {**features, "embedding_mask": cut}
