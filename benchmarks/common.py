@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -108,6 +108,22 @@ def alternate(programs: dict[str, Callable[[], object]], reps: int) -> Timings:
             timings.wall[name].append(time.perf_counter() - wall)
             timings.cpu[name].append(time.process_time() - cpu)
     return timings
+
+
+def scalars(directory: Path, tags: Iterable[str]) -> dict[str, list[tuple[int, float]]]:
+    """``tag -> [(step, value), ...]`` from every TensorBoard log below ``directory``, the logs in the order they
+    were written (a resumed run's later ``version_*`` last); a tag no log holds is absent."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    files = sorted(Path(directory).glob("**/events.out.tfevents.*"), key=os.path.getmtime)
+    logs = list(dict.fromkeys(f.parent for f in reversed(files)))[::-1]  # each folder once, at its newest file
+    series: dict[str, list[tuple[int, float]]] = {}
+    for log in logs:
+        acc = EventAccumulator(str(log), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in set(tags) & set(acc.Tags()["scalars"]):
+            series.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
+    return series
 
 
 def median_ratio(numerator: list[float], denominator: list[float]) -> float:

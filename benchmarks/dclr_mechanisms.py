@@ -13,22 +13,16 @@ import argparse
 import statistics
 from pathlib import Path
 
+import common
+
 TAGS = ("noise_step_norm", "noise_cos_shift", "masked_fraction", "noise_masked_fraction", "threshold",
         "kept_comp_cosine", "uniformity")
 
 
 def cell_means(cell: Path, tags: tuple[str, ...] = TAGS) -> dict[str, float]:
     """The mean over the logged steps of each ``train/<tag>`` of one cell's training logs."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    values: dict[str, list[float]] = {}
-    for events in sorted((cell / "train").glob("**/events.out.tfevents.*")):
-        acc = EventAccumulator(str(events.parent), size_guidance={"scalars": 0})
-        acc.Reload()
-        for tag in tags:
-            if f"train/{tag}" in acc.Tags()["scalars"]:
-                values.setdefault(tag, []).extend(e.value for e in acc.Scalars(f"train/{tag}"))
-    return {tag: statistics.mean(v) for tag, v in values.items() if v}
+    series = common.scalars(cell / "train", [f"train/{tag}" for tag in tags])
+    return {tag: statistics.mean(v for _, v in series[f"train/{tag}"]) for tag in tags if series.get(f"train/{tag}")}
 
 
 def row_means(directory: Path) -> tuple[dict[str, float], list[str]]:

@@ -18,22 +18,14 @@ import statistics
 import sys
 from pathlib import Path
 
-import common  # noqa: F401  (the repository on sys.path)
+import common
 from dclr_mechanisms import TAGS, cell_means
 from paired_seeds import sign_flip_p
 
 
 def dev_curve(cell: Path) -> dict[int, float]:
     """``step -> val/avg_spearman`` of one cell's training logs."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    curve: dict[int, float] = {}
-    for events in sorted((cell / "train").glob("**/events.out.tfevents.*")):
-        acc = EventAccumulator(str(events.parent), size_guidance={"scalars": 0})
-        acc.Reload()
-        if "val/avg_spearman" in acc.Tags()["scalars"]:
-            curve.update({e.step: e.value for e in acc.Scalars("val/avg_spearman")})
-    return curve
+    return dict(common.scalars(cell / "train", ["val/avg_spearman"]).get("val/avg_spearman", []))
 
 
 def best_up_to(cell: Path, step: int) -> float | None:

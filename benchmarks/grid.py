@@ -87,18 +87,12 @@ def dev_at(train_dir: Path, step: int | None) -> dict[str, float]:
 
 
 def _dev_at(train_dir: Path, step: int | None) -> dict[str, float]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
+    series = common.scalars(train_dir, [f"val/{name}_spearman" for name in DEV])
     out: dict[str, float] = {}
-    for events in sorted(train_dir.glob("**/events.out.tfevents.*"), key=os.path.getmtime):
-        acc = EventAccumulator(str(events.parent), size_guidance={"scalars": 0})
-        acc.Reload()
-        for name in DEV:
-            tag = f"val/{name}_spearman"
-            if tag in acc.Tags()["scalars"]:
-                values = [e.value for e in acc.Scalars(tag) if step is None or e.step == step]
-                if values:
-                    out[name] = float(values[-1])
+    for name in DEV:
+        values = [v for s, v in series.get(f"val/{name}_spearman", []) if step is None or s == step]
+        if values:
+            out[name] = float(values[-1])
     return out
 
 

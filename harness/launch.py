@@ -99,8 +99,7 @@ def missing_model_path(names: Iterable[str]) -> str | None:
 
 def hub_error(args: Sequence[str]) -> str | None:
     """The error line for a run that needs an unreachable hub, or None (reachable, offline, or not needed)."""
-    from encoders.hub import (OFFLINE_MODEL_NAMES, OFFLINE_WAYS, _cached_snapshot, hub_offline, hub_unreachable_reason,
-                              looks_like_path, verified_offline_copy)
+    from encoders.hub import hub_offline, hub_unreachable_reason
 
     try:
         config = _without_replaced_dev_sets(_merged_config(args))
@@ -111,9 +110,7 @@ def hub_error(args: Sequence[str]) -> str | None:
         return missing
     if hub_offline():
         return None
-    models = [m for m in _values(config, MODEL_KEYS)
-              if not os.path.isdir(m) and not looks_like_path(m) and m != "self"
-              and not (m in OFFLINE_MODEL_NAMES and verified_offline_copy() is not None)]
+    models = [m for m in _values(config, MODEL_KEYS) if m != "self" and _needs_hub(m)]
     data = [s for s in _values(config, DATA_KEYS) if _is_hub_data(s)]
     if not models and not data:
         return None
@@ -123,8 +120,8 @@ def hub_error(args: Sequence[str]) -> str | None:
     if reason is None:
         return None
     for model in models:
-        if _cached_snapshot(model) is None:
-            return f"model {model!r}: the Hugging Face hub cannot be reached ({reason}) and its cache has no copy; {OFFLINE_WAYS}"
+        if (error := _uncached_model_error(model, reason)) is not None:
+            return error
     if data:
         return (f"{data[0]}: the Hugging Face hub cannot be reached ({reason}); to work offline, set HF_HUB_OFFLINE=1 (a "
                 "copy already in the Hugging Face cache is then used as it is), add a configs/overlays/offline_*.yaml "
@@ -157,8 +154,7 @@ def evaluate_hub_error(args: Sequence[str]) -> str | None:
     """evaluate.py's first second: a missing model path, or a hub model or the hub's STS data with
     the hub unreachable, is one error line before torch is imported. A ``--config`` file is left to
     the full command line (it may name the data)."""
-    from encoders.hub import (OFFLINE_MODEL_NAMES, OFFLINE_WAYS, _cached_snapshot, hub_offline, hub_unreachable_reason,
-                              looks_like_path, verified_offline_copy)
+    from encoders.hub import hub_offline, hub_unreachable_reason
 
     options = _options(args)
     if "config" in options or "help" in options:
@@ -167,8 +163,7 @@ def evaluate_hub_error(args: Sequence[str]) -> str | None:
     missing = missing_model_path([model] if model else [])
     if missing is not None or hub_offline():
         return missing
-    needs_model = (model is not None and not os.path.exists(model) and not looks_like_path(model)
-                   and not (model in OFFLINE_MODEL_NAMES and verified_offline_copy() is not None))
+    needs_model = model is not None and _needs_hub(model)
     tasks = options.get("tasks", "sts")
     only_transfer = "transfer_dir" in options and not any(
         t.strip(" []'\"") in ("sts", "all") or t.strip(" []'\"").startswith(("sts", "sick"))
@@ -186,9 +181,24 @@ def evaluate_hub_error(args: Sequence[str]) -> str | None:
         return (f"{SENTEVAL_TAR} (the STS evaluation data): the Hugging Face hub cannot be reached ({reason}); give "
                 "--sts_dir DIR with this project's TSV layout or SentEval's data folder (docs/EVALUATION.md), "
                 "or set HF_HUB_OFFLINE=1 to use a copy already in the Hugging Face cache")
-    if needs_model and _cached_snapshot(model) is None:
-        return f"model {model!r}: the Hugging Face hub cannot be reached ({reason}) and its cache has no copy; {OFFLINE_WAYS}"
-    return None
+    return _uncached_model_error(model, reason) if needs_model else None
+
+
+def _needs_hub(model: str) -> bool:
+    """A model name that only the hub (or its cache) can give: not a folder or path, not the verified offline copy."""
+    from encoders.hub import OFFLINE_MODEL_NAMES, looks_like_path, verified_offline_copy
+
+    return (not os.path.exists(model) and not looks_like_path(model)
+            and not (model in OFFLINE_MODEL_NAMES and verified_offline_copy() is not None))
+
+
+def _uncached_model_error(model: str, reason: str) -> str | None:
+    """The error line for a hub model when the hub cannot be reached (``reason``) and its cache has no copy."""
+    from encoders.hub import OFFLINE_WAYS, _cached_snapshot
+
+    if _cached_snapshot(model) is not None:
+        return None
+    return f"model {model!r}: the Hugging Face hub cannot be reached ({reason}) and its cache has no copy; {OFFLINE_WAYS}"
 
 
 def _checked(check) -> None:

@@ -63,6 +63,10 @@ class SimCSE(InBatchRanking):
             sentence = batch["sentence"]
             columns = [sentence, positive_view(sentence, self.augmentation, self.augmentation_rate, self.encoder.dim)]
         else:
+            if self.augmentation != "dropout":  # the NLI triples are their own positives: nothing to augment
+                raise ValueError(f"model.init_args.augmentation={self.augmentation!r} applies to unsupervised SimCSE "
+                                 "(single sentences); supervised batches (anchor, positive, negative) take only "
+                                 "'dropout'")
             columns = [batch["anchor"], batch["positive"], batch["negative"]]
         loss, logs = self.ranked_loss(columns, 1.0 / self.temperature)
         logs["temperature"] = self.temperature

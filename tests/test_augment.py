@@ -113,6 +113,16 @@ def test_one_gradient_step_under_each_augmentation(tiny_model_dir, kind, objecti
     assert not torch.equal(before, model.encoder.transformer.embeddings.word_embeddings.weight)
 
 
+def test_supervised_simcse_refuses_an_augmentation_naming_the_key(tiny_model_dir):
+    """The NLI triples bring their own positives: an augmentation there is an error, not silently ignored."""
+    encoder = SentenceEncoder(tiny_model_dir, pooling="cls")
+    triple = {k: encoder.tokenize(SENTENCES[:2]) for k in ("anchor", "positive", "negative")}
+    loss, _ = SimCSE(encoder).training_loss(triple)  # dropout: the supervised form as it always ran
+    assert torch.isfinite(loss)
+    with pytest.raises(ValueError, match="model.init_args.augmentation='token_cutoff'"):
+        SimCSE(encoder, augmentation="token_cutoff").training_loss(triple)
+
+
 def test_augmented_view_differs_from_the_dropout_view_with_dropout_off(tiny_model_dir):
     """With dropout off the two dropout views are identical; each augmentation alone moves the positive."""
     encoder = SentenceEncoder(tiny_model_dir, pooling="mean").eval()
