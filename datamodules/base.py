@@ -11,8 +11,11 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
+from encoders.padding import pad_token_ids
+
 from .batching import PadCollator, SentenceBatchSampler
 from .io import DataError, fetch_hub_file, is_hub_file, quiet_progress, token_counts
+from .scored import DevSet, load_sts_pairs
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +74,8 @@ class SentenceDataModule(L.LightningDataModule):
         self.pad_to_multiple_of = 1
         self.unique_sentences = False  # set from the objective (check_objective)
         self.train_dataset: datasets.Dataset | None = None
-        self.val_datasets: dict[str, datasets.Dataset] = {}
+        self.dev_sets: dict[str, DevSet] = {}
+        self._dev_ids: dict[str, list[list[int]]] = {}  # each dev set's distinct sentences, tokenized
         self.train_sampler: SentenceBatchSampler | None = None
         self._resumed_position = False
 
@@ -195,12 +199,13 @@ class SentenceDataModule(L.LightningDataModule):
                     f"{type(self).__name__}: {len(rows)} training rows make no full batch of "
                     f"{self.per_device_batch_size} x {world} devices"
                 )
-        if stage in (None, "fit", "validate") and not self.val_datasets:
-            from .sts import load_sts_pairs  # the STS module builds on this one: import at use
-
+        if stage in (None, "fit", "validate") and not self.dev_sets:
+            tokenizer = self._require_tokenizer()
             for name, source in self.validation_sources().items():
-                pairs = load_sts_pairs(source)
-                self.val_datasets[name] = self.tokenize(pairs, ["sentence1", "sentence2"], self.eval_max_length)
+                dev = DevSet.from_pairs(load_sts_pairs(source))
+                self.dev_sets[name] = dev
+                self._dev_ids[name] = tokenizer(dev.sentences, truncation=True, max_length=self.eval_max_length,
+                                                return_attention_mask=False, return_token_type_ids=False)["input_ids"]
 
     def _world(self) -> tuple[int, int]:
         if self.trainer is not None:
@@ -209,7 +214,7 @@ class SentenceDataModule(L.LightningDataModule):
 
     @property
     def val_names(self) -> list[str]:
-        return list(self.val_datasets)
+        return list(self.dev_sets)
 
     def _collator(self, text_columns: Sequence[str], label_columns: Sequence[str]) -> PadCollator:
         return PadCollator(text_columns, self._require_tokenizer().pad_token_id or 0, label_columns,
@@ -260,12 +265,27 @@ class SentenceDataModule(L.LightningDataModule):
 
     def val_dataloader(self) -> list[DataLoader]:
         # Every rank sees the whole dev set (no distributed sampler, whose padding repeats
-        # examples): the Spearman figures are exact and identical on all ranks.
-        return [
-            DataLoader(
-                ds.select_columns(["sentence1_ids", "sentence2_ids", "score"]), batch_size=self.eval_batch_size,
-                shuffle=False, collate_fn=self._collator(["sentence1", "sentence2"], ["score"]),
-                num_workers=self.num_workers, generator=self._loader_generator(),
-            )
-            for ds in self.val_datasets.values()
-        ]
+        # examples): the Spearman figures are exact and identical on all ranks. Each distinct sentence
+        # is encoded once, in batches of similar length, as the STS evaluation encodes its tasks.
+        pad_id = self._require_tokenizer().pad_token_id or 0
+        return [DataLoader(DevBatches(self._dev_ids[name], self.eval_batch_size, pad_id, self.pad_to_multiple_of),
+                           batch_size=None, num_workers=self.num_workers)
+                for name in self.dev_sets]
+
+
+class DevBatches(torch.utils.data.Dataset):
+    """A dev set's distinct sentences in batches of similar token count, longest first:
+    ``{"sentence": {"input_ids", "attention_mask"} (B, L), "rows": (B,) their rows in the DevSet}``."""
+
+    def __init__(self, ids: list[list[int]], batch_size: int, pad_id: int, multiple: int = 1) -> None:
+        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+        self.batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+        self.ids, self.pad_id, self.multiple = ids, pad_id, multiple
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, k: int) -> dict[str, Any]:
+        rows = self.batches[k]
+        return {"sentence": pad_token_ids([self.ids[i] for i in rows], self.pad_id, self.multiple),
+                "rows": torch.tensor(rows, dtype=torch.long)}

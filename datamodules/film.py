@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from .base import SentenceDataModule
 from .io import DataError
 from .nli import load_nli
-from .sts import load_sts_pairs
+from .scored import DevSet, load_sts_pairs
 from .triplets import NO_TRIPLETS, nli_triplets, triplets_from_scored_pairs
 
 log = logging.getLogger(__name__)
@@ -70,9 +70,14 @@ class _Steps(IterableDataset):
         return itertools.count()
 
 
-def _text_pairs(rows: list[dict]) -> dict:
-    return {"sentence1": [r["sentence1"] for r in rows], "sentence2": [r["sentence2"] for r in rows],
-            "score": torch.tensor([r["score"] for r in rows], dtype=torch.float32)}
+class _Sentences:
+    """Collate rows of a dev set into ``{"sentence": their texts, "rows": (B,)}`` (FILM's encoder reads text)."""
+
+    def __init__(self, sentences: list[str]) -> None:
+        self.sentences = sentences
+
+    def __call__(self, rows: list[int]) -> dict:
+        return {"sentence": [self.sentences[i] for i in rows], "rows": torch.tensor(rows, dtype=torch.long)}
 
 
 class FILMDataModule(SentenceDataModule):
@@ -149,15 +154,16 @@ class FILMDataModule(SentenceDataModule):
             log.info("FILM data: %d sentences, %d triplets, %d anchors from %s", len(self.train_sentences),
                      len(self.train_triplets), torch.unique(self.train_triplets[:, 0]).numel(),
                      ", ".join(self.train_sources))
-        if stage in (None, "fit", "validate") and not self.val_datasets:
+        if stage in (None, "fit", "validate") and not self.dev_sets:
             for name, source in self.validation_sources().items():
-                self.val_datasets[name] = load_sts_pairs(source)
+                self.dev_sets[name] = DevSet.from_pairs(load_sts_pairs(source))
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(_Steps(), batch_size=None)
 
     def val_dataloader(self) -> list[DataLoader]:
         return [
-            DataLoader(ds, batch_size=self.eval_batch_size, shuffle=False, collate_fn=_text_pairs)
-            for ds in self.val_datasets.values()
+            DataLoader(range(len(dev.sentences)), batch_size=self.eval_batch_size, shuffle=False,
+                       collate_fn=_Sentences(dev.sentences))
+            for dev in self.dev_sets.values()
         ]

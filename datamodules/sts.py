@@ -27,13 +27,10 @@ from typing import Literal
 import datasets
 
 from .base import SentenceDataModule
-from .io import (DataError, check_text_columns, fetch_hub_file, is_hub_file, is_local, load_source, parse_hub_file,
-                 parse_scores, require_columns)
+from .io import DataError, fetch_hub_file
+from .scored import load_sts_pairs
 
 STS_TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
-
-# Hub datasets that name the STS columns differently (SICK's own names, as in the hub's RobZamp/sick).
-STS_COLUMN_ALIASES = {"sentence_A": "sentence1", "sentence_B": "sentence2", "relatedness_score": "score"}
 
 # SentEval's subsets per year (senteval/sts.py); STS13 without SMT, which LDC alone distributes.
 SENTEVAL_SUBSETS = {
@@ -62,39 +59,6 @@ SENTEVAL_PAIRS = {"sts12": 3108, "sts13": 1500, "sts14": 3750, "sts15": 3000, "s
 LOCAL_WAYS = ("give --sts_dir DIR with this project's TSV layout (sts12.<subset>.tsv ... sts16.<subset>.tsv, "
               "stsb.test.tsv, sickr.test.tsv) or with SentEval's data folder (the folder holding STS/ and SICK/ "
               "that SentEval's or SimCSE's download script leaves, or its data/ or SentEval parent)")
-
-
-# -- one STS file or hub split ----------------------------------------------------------------------
-def score_range_of(source: str) -> tuple[float, float]:
-    """Documented gold-score ranges: SICK-R 1-5, the hub's normalised STS-B 0-1, other STS 0-5.
-
-    A local file is known by its name (``sickr.dev.tsv``), a hub source by its repository and path.
-    """
-    if is_local(source):
-        repo, name = None, os.path.basename(source).lower()
-    elif is_hub_file(source):
-        repo, _, path = parse_hub_file(source)
-        repo, name = repo.lower(), f"{repo}/{path}".lower()
-    else:
-        repo = name = source.split(":")[0].lower()
-    if "sick" in name:
-        return (1.0, 5.0)
-    if repo == "sentence-transformers/stsb":
-        return (0.0, 1.0)
-    return (0.0, 5.0)
-
-
-def load_sts_pairs(source: str, score_range: tuple[float, float] | None = None) -> datasets.Dataset:
-    """An STS file or hub split as columns sentence1, sentence2, score (rescaled to [0, 1])."""
-    ds = load_source(source)
-    aliases = {k: v for k, v in STS_COLUMN_ALIASES.items() if k in ds.column_names and v not in ds.column_names}
-    ds = ds.rename_columns(aliases) if aliases else ds
-    require_columns(ds, ["sentence1", "sentence2", "score"], source)
-    check_text_columns(ds, ["sentence1", "sentence2"], source)
-    low, high = score_range or score_range_of(source)
-    scores = [(s - low) / (high - low) for s in parse_scores(ds, "score", source, low, high)]
-    ds = ds.select_columns(["sentence1", "sentence2"])
-    return ds.add_column("score", scores)
 
 
 # -- the evaluation tasks: which layout, and its files -----------------------------------------------

@@ -117,7 +117,7 @@ def evaluate(
     if transfer and transfer_dir is not None:
         results["transfer_dir"] = os.path.abspath(transfer_dir)
     if sts:
-        results.update(evaluate_sts(encode, sts_dir, sts))
+        results.update(evaluate_sts(encode, sts_dir, sts, progress=sys.stderr))
         print(format_table({name: results}, sts))
     if transfer:
         found = evaluate_transfer(encode, transfer_dir or sts_dir, transfer,

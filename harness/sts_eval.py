@@ -7,7 +7,7 @@ regression head. Figures are Spearman x 100; the average is over the seven tasks
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import IO, Callable, Sequence
 
 import numpy as np
 import torch
@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from scipy.stats import spearmanr
 
 from datamodules import STS_TASKS, load_sts_task
+
+from .progress import Progress
 
 
 def senteval_text(sentence: str) -> str:
@@ -42,29 +44,58 @@ def evaluate_sts(
     encode: Callable[[list[str]], torch.Tensor],
     sts_dir: str,
     tasks: Sequence[str] = STS_TASKS,
+    progress: IO[str] | None = None,
 ) -> dict[str, object]:
     """Run the STS tasks with an ``encode(sentences) -> (N, H)`` function on the data in ``sts_dir``:
     this project's TSV layout or SentEval's data folder (``datamodules.sts.sts_layout``).
 
+    Every distinct sentence is encoded once: the seven tasks' 37,700 sentences hold 26,126 distinct
+    ones, and ``encode`` batches each call's sentences by length. A task's call holds the sentences no
+    earlier task had, so its figures are known (and, with ``progress``, reported with the time left)
+    as soon as it is done. A sentence's embedding does not depend on what it is batched with, up to
+    floating-point rounding, so the figures are those of encoding every pair.
+
     Returns ``{task: all-Spearman, ..., "avg": mean, "subsets": {task: {subset: Spearman}},
     "pairs": {task: pairs scored}}``: the pair counts tell SentEval's test sets from a sample.
     """
+    data = {task: load_sts_task(sts_dir, task) for task in tasks}  # every file read before any encoding
+    rows: dict[str, int] = {}  # distinct sentence -> row of the embedding matrix
+    texts: dict[tuple[str, str], tuple[list[str], list[str]]] = {}
+    new: dict[str, list[str]] = {}  # the sentences each task adds
+    for task, task_subsets in data.items():
+        before = len(rows)
+        for subset, pairs in task_subsets.items():
+            s1 = [senteval_text(s) for s in pairs["sentence1"]]
+            s2 = [senteval_text(s) for s in pairs["sentence2"]]
+            texts[task, subset] = (s1, s2)
+            for s in s1 + s2:
+                rows.setdefault(s, len(rows))
+        new[task] = list(rows)[before:] if len(rows) > before else []
+    report = Progress("STS", {t: len(new[t]) for t in tasks}, stream=progress) if progress is not None else None
+    chunks: list[torch.Tensor] = []
     results: dict[str, object] = {}
     subsets_out: dict[str, dict[str, float]] = {}
     pairs_out: dict[str, int] = {}
     for task in tasks:
+        if new[task]:
+            chunks.append(encode(new[task]).float().cpu())  # (D_task, H)
+        emb = torch.cat(chunks) if len(chunks) > 1 else chunks[0]  # (D, H), row = rows[sentence]
+        chunks = [emb]
         subsets = {}
-        for subset, pairs in load_sts_task(sts_dir, task).items():
-            s1 = [senteval_text(s) for s in pairs["sentence1"]]
-            s2 = [senteval_text(s) for s in pairs["sentence2"]]
-            emb = encode(s1 + s2).float()  # (2N, H), one call so shared sentences batch together
-            u, v = emb[: len(s1)], emb[len(s1):]
+        for subset, pairs in data[task].items():
+            s1, s2 = texts[task, subset]
+            u = emb[torch.tensor([rows[s] for s in s1])]  # (N, H)
+            v = emb[torch.tensor([rows[s] for s in s2])]  # (N, H)
             cos = F.cosine_similarity(u, v, dim=-1).cpu().numpy()  # (N,)
             subsets[subset] = (cos, np.asarray(pairs["score"], dtype=np.float64))
         scores = aggregate_all(subsets)
         results[task] = scores.pop("all")
         subsets_out[task] = scores
         pairs_out[task] = sum(len(gold) for _, gold in subsets.values())
+        if report is not None:
+            report.done(task, f"{results[task]:.2f} ({pairs_out[task]} pairs, {len(new[task])} new sentences)")
+    if report is not None:
+        report.close()
     results["avg"] = float(np.mean([results[t] for t in tasks]))
     results["subsets"] = subsets_out
     results["pairs"] = pairs_out

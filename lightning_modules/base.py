@@ -74,7 +74,7 @@ class SentenceEmbeddingModule(L.LightningModule):
         self.run_config: str | None = None  # the resolved CLI config, stored in every checkpoint
         self.val_spearman = nn.ModuleDict()
         self.val_names: list[str] = []
-        self._val_embeddings: list[tuple[Tensor, Tensor, Tensor]] = []
+        self._val_parts: dict[int, list[tuple[Tensor, Tensor]]] = {}  # dev set -> (rows, embeddings) per batch
 
     # -- what objectives implement ------------------------------------------------------
     def training_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
@@ -131,32 +131,52 @@ class SentenceEmbeddingModule(L.LightningModule):
                 ).to(self.device)
 
     def validation_step(self, batch: dict[str, Any], batch_idx: int, dataloader_idx: int = 0) -> None:
-        u = self.encoder(batch["sentence1"]).float()  # (B, H)
-        v = self.encoder(batch["sentence2"]).float()  # (B, H)
-        cos = F.cosine_similarity(u, v, dim=-1)  # (B,)
-        name = self.val_names[dataloader_idx]
-        self.val_spearman[name].update(cos, batch["score"].float())
-        if dataloader_idx == 0:
-            self._val_embeddings.append((F.normalize(u, dim=-1), F.normalize(v, dim=-1), batch["score"]))
+        """One batch of a dev set's distinct sentences (``datamodules.scored.DevSet``): their embeddings,
+        kept until the epoch's end, where the pairs are scored."""
+        emb = self.encoder(batch["sentence"]).float()  # (B, H)
+        self._val_parts.setdefault(dataloader_idx, []).append((batch["rows"].to(emb.device), emb))
 
     def on_validation_epoch_end(self) -> None:
+        parts, self._val_parts = self._val_parts, {}
         if not self.val_names:
             return
+        dev_sets = self.trainer.datamodule.dev_sets
         values = []
-        for name in self.val_names:
+        for k, name in enumerate(self.val_names):
+            u, v, score = self._dev_pairs(dev_sets[name], parts.get(k, []))
+            if score.numel() < 2:
+                continue  # a sanity check's few batches hold no scored pair
             metric = self.val_spearman[name]
+            metric.update(F.cosine_similarity(u, v, dim=-1), score)  # (N,)
             rho = metric.compute() * 100
             metric.reset()
             values.append(rho)
             self.log(f"val/{name}_spearman", rho, prog_bar=name == "stsb")
-        self.log("val/avg_spearman", torch.stack(values).mean())
-        if self._val_embeddings:
-            u, v, score = (torch.cat(t) for t in zip(*self._val_embeddings))
-            positive = score >= self.hparams.alignment_threshold
-            if positive.any():
-                self.log("val/alignment", alignment(u[positive], v[positive]))
-            self.log("val/uniformity", uniformity(torch.cat([u, v])))
-        self._val_embeddings.clear()
+            if k == 0:
+                u, v = F.normalize(u, dim=-1), F.normalize(v, dim=-1)
+                positive = score >= self.hparams.alignment_threshold
+                if positive.any():
+                    self.log("val/alignment", alignment(u[positive], v[positive]))
+                self.log("val/uniformity", uniformity(torch.cat([u, v])))
+        if len(values) == len(self.val_names):
+            self.log("val/avg_spearman", torch.stack(values).mean())
+
+    @staticmethod
+    def _dev_pairs(dev, parts: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
+        """The embeddings of each pair's two sentences (N, H) and its gold score (N,), for the pairs whose
+        sentences were both encoded (all of them, except in a sanity check)."""
+        if not parts:
+            return torch.empty(0, 1), torch.empty(0, 1), torch.empty(0)
+        rows = torch.cat([r for r, _ in parts])  # (D,)
+        emb = torch.cat([e for _, e in parts])  # (D, H)
+        matrix = emb.new_zeros(len(dev.sentences), emb.shape[1])  # (S, H), row = the DevSet's sentence row
+        matrix[rows] = emb
+        seen = torch.zeros(len(dev.sentences), dtype=torch.bool, device=emb.device)
+        seen[rows] = True
+        pairs = dev.pairs.to(emb.device)  # (N, 2)
+        keep = seen[pairs[:, 0]] & seen[pairs[:, 1]]  # (N,)
+        pairs = pairs[keep]
+        return matrix[pairs[:, 0]], matrix[pairs[:, 1]], dev.scores.to(emb.device)[keep]
 
     # -- optimisation -----------------------------------------------------------------------
     def trainable_parameters(self) -> list[tuple[str, nn.Parameter]]:

@@ -177,8 +177,7 @@ class FILMObjective(SentenceEmbeddingModule):
             raise ValueError("trainer.devices: FILM's solver is full-batch and runs on one device; use 1")
         datamodule = self.trainer.datamodule  # its contract check (batch_keys) ran in its setup
         sentences, triplets = datamodule.train_sentences, datamodule.train_triplets
-        dev = [s for ds in datamodule.val_datasets.values() for column in ("sentence1", "sentence2")
-               for s in ds[column]]
+        dev = [s for d in datamodule.dev_sets.values() for s in d.sentences]
         X = self.encoder.fit_features(sentences, also=dev, batch_size=self.hparams.encode_batch_size,
                                       precision=self.hparams.encode_precision)  # (D, n)
         log.info("FILM: %d x %d %s features, %d triplets", X.shape[0], X.shape[1], self.hparams.features, len(triplets))

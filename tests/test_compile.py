@@ -28,7 +28,7 @@ def test_compiled_encoder_buckets_every_training_batch(fixtures_dir, tiny_model_
     dm.setup("fit")
     widths = {batch[col]["input_ids"].shape[1] for batch in dm.train_dataloader() for col in ("anchor", "positive")}
     assert widths and widths <= {16, 32, 48}, widths  # 40 tokens at most: three buckets
-    val_widths = {b["sentence1"]["input_ids"].shape[1] for loader in dm.val_dataloader() for b in loader}
+    val_widths = {b["sentence"]["input_ids"].shape[1] for loader in dm.val_dataloader() for b in loader}
     assert val_widths and all(w % 16 == 0 for w in val_widths), val_widths
 
 

@@ -97,7 +97,7 @@ def test_frozen_encoder_config_fits_and_round_trips(tmp_path, fixtures_dir, tiny
     assert all(torch.equal(a, b) for a, b in zip(base.state_dict().values(), untouched.state_dict().values()))
     check_round_trip(cli, path, fixtures_dir)
     # validation's remembered features are the frozen encoder's own
-    dev = cli.datamodule.val_datasets["stsb"]["sentence1"][:8]
+    dev = cli.datamodule.dev_sets["stsb"].sentences[:8]
     torch.testing.assert_close(cli.model.encoder(dev), cli.model.encode(dev), rtol=1e-4, atol=1e-5)
 
 

@@ -17,7 +17,7 @@ from huggingface_hub.errors import LocalEntryNotFoundError
 import datamodules.io as io
 import encoders.hub as hub
 from datamodules import WikiDataModule
-from datamodules.sts import load_sts_pairs, score_range_of
+from datamodules.scored import load_sts_pairs, score_range_of
 from datamodules.io import DataError, load_source, parse_hub_file
 from encoders.sentence import SentenceEncoder
 from tests.conftest import ROOT, run_script

@@ -106,3 +106,39 @@ def test_evaluate_cli_bad_checkpoint(tmp_path, fixtures_dir):
     bad.write_bytes(b"not a checkpoint")
     result = run_script("evaluate.py", "--ckpt_path", str(bad), "--sts_dir", str(fixtures_dir / "sts"))
     assert result.returncode == 2 and "x.ckpt: not a readable checkpoint" in result.stderr
+
+
+def test_each_distinct_sentence_is_encoded_once_with_the_figures_of_encoding_every_pair(fixtures_dir, tiny_model_dir):
+    """The deduplicated path against the plain one: every pair's two sentences encoded as they come."""
+    encoder = SentenceEncoder(tiny_model_dir).eval()
+    calls: list[list[str]] = []
+
+    def counting(sentences):
+        calls.append(list(sentences))
+        return encoder.encode(sentences)
+
+    tasks = ["sts12", "sts13", "stsb", "sickr"]
+    results = evaluate_sts(counting, str(fixtures_dir / "sts"), tasks)
+    encoded = [s for call in calls for s in call]
+    assert len(encoded) == len(set(encoded))  # no sentence twice, across tasks too
+    from datamodules import load_sts_task
+
+    for task in tasks:
+        plain = {}
+        for subset, pairs in load_sts_task(str(fixtures_dir / "sts"), task).items():
+            u = encoder.encode([senteval_text(s) for s in pairs["sentence1"]])
+            v = encoder.encode([senteval_text(s) for s in pairs["sentence2"]])
+            plain[subset] = (torch.nn.functional.cosine_similarity(u, v).numpy(), np.asarray(pairs["score"]))
+            assert set(encoded) >= {senteval_text(s) for s in list(pairs["sentence1"]) + list(pairs["sentence2"])}
+        assert results[task] == pytest.approx(aggregate_all(plain)["all"], abs=1e-3)
+    assert sum(len(c) for c in calls) < sum(2 * n for n in results["pairs"].values())  # the fixtures repeat sentences
+
+
+def test_progress_is_a_line_per_task_with_the_time_left(fixtures_dir):
+    import io
+
+    stream = io.StringIO()
+    evaluate_sts(lambda s: torch.randn(len(s), 4), str(fixtures_dir / "sts"), ["sts12", "stsb"], progress=stream)
+    lines = stream.getvalue().splitlines()
+    assert [l.split(":")[0] for l in lines] == ["STS 1/2 sts12", "STS 2/2 stsb"]
+    assert all("spent, about" in l and "left" in l for l in lines)

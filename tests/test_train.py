@@ -196,3 +196,30 @@ def test_two_process_ddp_fit_on_cpu(tmp_path, tiny_model_dir, fixtures_dir):
                         "--trainer.accelerator", "cpu", timeout=600)
     assert result.returncode == 0, result.stderr[-6000:]
     assert glob.glob(str(tmp_path / "runs" / "**" / "last.ckpt"), recursive=True)
+
+
+def test_validation_scores_each_dev_pair_from_its_distinct_sentences(tiny_model_dir, fixtures_dir):
+    """The dev figures from each distinct sentence encoded once equal Spearman over every pair encoded."""
+    import lightning as L
+    from scipy.stats import spearmanr
+
+    from datamodules import STSDataModule
+    from datamodules.scored import load_sts_pairs
+    from encoders.sentence import SentenceEncoder
+    from lightning_modules import STSRegression
+
+    encoder = SentenceEncoder(tiny_model_dir)
+    module = STSRegression(encoder=encoder)
+    dm = STSDataModule(train_source=str(fixtures_dir / "sts" / "stsb.train.tsv"), sts_dir=str(fixtures_dir / "sts"),
+                       eval_batch_size=3)
+    dm.use_tokenizer(**encoder.tokenization())
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)
+    found = trainer.validate(module, datamodule=dm, verbose=False)[0]
+    for name in ("stsb", "sickr"):
+        pairs = load_sts_pairs(str(fixtures_dir / "sts" / f"{name}.dev.tsv"))
+        dev = dm.dev_sets[name]
+        assert len(dev.sentences) < 2 * len(pairs)  # the fixtures repeat sentences
+        u, v = encoder.encode(list(pairs["sentence1"])), encoder.encode(list(pairs["sentence2"]))
+        expected = spearmanr(torch.nn.functional.cosine_similarity(u, v).numpy(), pairs["score"]).statistic * 100
+        assert found[f"val/{name}_spearman"] == pytest.approx(expected, abs=1e-3)
+    assert found["val/avg_spearman"] == pytest.approx((found["val/stsb_spearman"] + found["val/sickr_spearman"]) / 2)
