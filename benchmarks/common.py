@@ -8,14 +8,13 @@ per-repetition ratio.
 from __future__ import annotations
 
 import os
-import platform
 import json
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -24,38 +23,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+from harness import provenance  # noqa: E402
 
 
 def machine(threads: int | None = None) -> dict:
-    """Cores, CPU model, bf16 units, torch version and the torch threads in use."""
+    """The CPU model and its bf16 units, the GPU, cores, torch threads (``harness.provenance``), the torch
+    version and the load average when the measurement started."""
     import torch
 
-    flags = cpu_flags()
-    return {
-        "cores": os.cpu_count(), "cpu": cpu_model(), "torch": torch.__version__,
-        "threads": threads or torch.get_num_threads(),
-        "bf16_units": sorted(f for f in flags if "bf16" in f or f.startswith("amx")),
-        "load_avg_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
-    }
+    return {**provenance.machine(threads or torch.get_num_threads()), "torch": torch.__version__,
+            "load_avg_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
 
 
 def print_machine(info: dict) -> None:
@@ -108,22 +85,6 @@ def alternate(programs: dict[str, Callable[[], object]], reps: int) -> Timings:
             timings.wall[name].append(time.perf_counter() - wall)
             timings.cpu[name].append(time.process_time() - cpu)
     return timings
-
-
-def scalars(directory: Path, tags: Iterable[str]) -> dict[str, list[tuple[int, float]]]:
-    """``tag -> [(step, value), ...]`` from every TensorBoard log below ``directory``, the logs in the order they
-    were written (a resumed run's later ``version_*`` last); a tag no log holds is absent."""
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    files = sorted(Path(directory).glob("**/events.out.tfevents.*"), key=os.path.getmtime)
-    logs = list(dict.fromkeys(f.parent for f in reversed(files)))[::-1]  # each folder once, at its newest file
-    series: dict[str, list[tuple[int, float]]] = {}
-    for log in logs:
-        acc = EventAccumulator(str(log), size_guidance={"scalars": 0})
-        acc.Reload()
-        for tag in set(tags) & set(acc.Tags()["scalars"]):
-            series.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
-    return series
 
 
 def median_ratio(numerator: list[float], denominator: list[float]) -> float:

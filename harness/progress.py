@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import IO, Sequence
+from typing import IO
 
 
 def _clock(seconds: float) -> str:

@@ -155,7 +155,7 @@ plt.bar(list(results), list(results.values())); plt.ylabel("Spearman x 100"); pl
         ("code", """\
 import glob, tempfile, yaml
 import train
-from benchmarks.results_plots import read_curves, plot_curves
+from experiments.plots import read_curves, plot_curves
 
 def tiny_runs():
     out = Path(tempfile.mkdtemp())

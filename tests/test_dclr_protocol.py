@@ -1,5 +1,5 @@
-"""benchmarks/dclr_protocol.py: the stages' grid commands, the dev-only choice, and the final stage built from it.
-The grids themselves are benchmarks/grid.py (tests/test_grid.py); here each grid call is replaced by one that
+"""experiments/dclr_protocol.py: the stages' grid commands, the dev-only choice, and the final stage built from it.
+The grids themselves are experiments/grid.py (tests/test_grid.py); here each grid call is replaced by one that
 writes the cells a finished grid leaves (``command``, ``dev.json``)."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "experiments"))
 import dclr_protocol  # noqa: E402
 import grid  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""benchmarks/film_pairs.py end to end on fixture pairs, and the labelled-pair reading (QQP's columns, STS's rule)."""
+"""experiments/film_pairs.py end to end on fixture pairs, and the labelled-pair reading (QQP's columns, STS's rule)."""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +6,7 @@ import argparse
 import datasets
 import pytest
 
-from benchmarks import film_pairs
+from experiments import film_pairs
 from datamodules import io
 from datamodules.io import DataError
 from datamodules.pairs import load_labelled_pairs, sts_duplicate_pairs

@@ -1,4 +1,4 @@
-"""benchmarks/reproduce.py: a paper's two-step protocol run offline on the fixtures, the side-by-side table,
+"""experiments/reproduce.py: a paper's two-step protocol run offline on the fixtures, the side-by-side table,
 JSON and Markdown written, and a second invocation that reads everything back instead of training again."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import yaml
 
 from tests.conftest import ROOT
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "experiments"))
 import reproduce  # noqa: E402
 
 

@@ -1,9 +1,9 @@
 """The acting DCLR under the papers' protocol, end to end: every grid of docs/RESULTS.md's protocol section,
 its dev-only choice of the setting, and the experiments that use the choice, in one resumable command.
 
-    python benchmarks/dclr_protocol.py --sts_dir ../shared/data/sts --jobs 2 --threads 1
+    python experiments/dclr_protocol.py --sts_dir ../shared/data/sts --jobs 2 --threads 1
 
-Each grid is a ``benchmarks/grid.py`` call (printed before it runs), so each cell resumes and is never
+Each grid is a ``experiments/grid.py`` call (printed before it runs), so each cell resumes and is never
 overwritten. The grids of a stage run at the same time when their cells fit in ``--jobs``. The stages:
 
 1. ``arms``: SimCSE on seeds ``--seeds`` (batch order = seed): the SimCSE arm, and the complementary model
@@ -39,9 +39,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import common
-
-ROOT = common.ROOT
+from records import ROOT
 STAGES = ("arms", "dev", "dev2", "final", "extra", "transfer")
 AUGMENTATIONS = ("token_shuffle", "token_cutoff", "span_cutoff", "feature_cutoff")
 # data.init_args.fraction: 30 % keeps 124 steps (dev every 50); the smaller ones validate at their epoch's end
@@ -70,7 +68,7 @@ class Protocol:
     def grid(self, name: str, base: list[str], *extra: str, seeds: str | None = None, dev_only: bool = False,
              cells: int = 1) -> list[str]:
         seeds = seeds or self.dev_seed
-        command = [sys.executable, str(ROOT / "benchmarks" / "grid.py"), "--name", name, *base[:2],
+        command = [sys.executable, str(ROOT / "experiments" / "grid.py"), "--name", name, *base[:2],
                    *self.common, *base[2:], *extra, "--seeds", seeds, "--jobs", str(cells)]
         return command + (["--dev_only"] if dev_only else [])
 

@@ -1,6 +1,7 @@
-"""One command for a grid of runs: train every cell, evaluate it, skip what is finished, print the table.
+"""Which setting is best, over seeds? One command for a grid of runs: train every cell, evaluate it, write its
+record, skip what is finished, print the table.
 
-    python benchmarks/grid.py --name dclr_phi --config configs/dclr.yaml --config configs/overlays/offline_wiki.yaml \
+    python experiments/grid.py --name dclr_phi --config configs/dclr.yaml --config configs/overlays/offline_wiki.yaml \
         --config configs/overlays/cpu_300_steps.yaml --vary model.init_args.phi=0.5,0.7,0.9 --seeds 42,43,44 \
         --sts_dir ../shared/data/sts [--set model.init_args.complementary_model=PATH] [--select best] [--jobs 2]
 
@@ -22,6 +23,12 @@ set, else the seed), the configs and the selection rule, with its dev and seven-
 the seven-task average. The training runs log no ``hp_metric`` of their own (Lightning's placeholder -1). At
 the end the markdown table (mean ± std over seeds) is printed and written to ``OUT/NAME/table.md``.
 
+Each finished cell also writes its record, ``results/<NAME>/<cell>/seed<S>.json`` (``--records``; see
+``experiments/records.py``): the numbers of eval.json and dev.json with the dev curve, the mechanisms' training
+scalars, the overrides, the machine, versions and commit of the attempt that finished it. A finished cell whose
+record is missing gets it on a rerun; an existing record is never overwritten. ``--model NAME`` makes the grid's
+one cell an evaluation of that model, with no training (a start model's row).
+
 ``--jobs 2 --threads 1`` runs two one-thread cells at a time: on 2 cores that is faster than one
 two-thread cell after another.
 """
@@ -40,11 +47,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import common
-from datamodules.sts import STS_TASKS
+import records
+from records import DEV, ROOT, STS
 
-ROOT = common.ROOT
-DEV = ("stsb", "sickr")
+STS_TASKS = STS
 
 
 def parse_vary(spec: str) -> tuple[str, list[str]]:
@@ -87,7 +93,7 @@ def dev_at(train_dir: Path, step: int | None) -> dict[str, float]:
 
 
 def _dev_at(train_dir: Path, step: int | None) -> dict[str, float]:
-    series = common.scalars(train_dir, [f"val/{name}_spearman" for name in DEV])
+    series = records.scalars(train_dir, [f"val/{name}_spearman" for name in DEV])
     out: dict[str, float] = {}
     for name in DEV:
         values = [v for s, v in series.get(f"val/{name}_spearman", []) if step is None or s == step]
@@ -122,49 +128,76 @@ def write_hparams(cell: Path, hparams: dict[str, str | int], metrics: dict[str, 
         writer.add_hparams(hparams, values, run_name=".")
 
 
+def cell_overrides(args: argparse.Namespace, assignment: dict[str, str], seed: int) -> list[str]:
+    """Every ``--set`` and ``--vary`` value of the cell as ``KEY=VALUE``, ``{seed}`` filled in."""
+    return [o.replace("{seed}", str(seed)) for o in [*args.set, *(f"{k}={v}" for k, v in assignment.items())]]
+
+
+def train_command(args: argparse.Namespace, cell: Path, overrides: list[str], seed: int) -> list[str]:
+    # Lightning's own logger, but without its hp_metric placeholder (-1): the cell's HParams entry has the real one.
+    logger = json.dumps({"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
+                         "init_args": {"save_dir": str(cell / "train"), "default_hp_metric": False}})
+    return [sys.executable, str(ROOT / "train.py"), *[a for c in args.config for a in ("--config", c)],
+            *[a for o in overrides for a in (f"--{o.partition('=')[0]}", o.partition("=")[2])],
+            "--seed_everything", str(seed), "--trainer.default_root_dir", str(cell / "train"),
+            "--trainer.logger", logger, "--trainer.enable_progress_bar", "false", "--ckpt_path", "last"]
+
+
+def evaluate_command(args: argparse.Namespace, source: list[str], output: Path) -> list[str]:
+    command = [sys.executable, str(ROOT / "evaluate.py"), *source, "--sts_dir", args.sts_dir,
+               "--precision", args.eval_precision, "--output", str(output)]
+    if args.transfer_dir:
+        command += ["--tasks", "all", "--transfer_dir", args.transfer_dir]
+    return command
+
+
 def run_cell(args: argparse.Namespace, cell: Path, assignment: dict[str, str], seed: int) -> dict | None:
     """Train, evaluate and record one cell; None when it failed (its log says why)."""
+    name = cell.relative_to(args.out)
     if (cell / "eval.json").exists():
-        print(f"skip {cell.relative_to(args.out)} (finished)", flush=True)
+        print(f"skip {name} (finished)", flush=True)
+        write_record(args, cell, assignment, seed)  # a cell finished before its record was written
         return json.loads((cell / "eval.json").read_text())
     cell.mkdir(parents=True, exist_ok=True)
+    with open(cell / "attempts.jsonl", "a") as f:  # the machine, versions and commit of each attempt
+        f.write(json.dumps(records.attempt(args.threads)) + "\n")
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)  # the user's kept after
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=path)
     if args.threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
-    overrides = [o.replace("{seed}", str(seed)) for o in [*args.set, *(f"{k}={v}" for k, v in assignment.items())]]
-    # Lightning's own logger, but without its hp_metric placeholder (-1): the cell's HParams entry has the real one.
-    logger = json.dumps({"class_path": "lightning.pytorch.loggers.TensorBoardLogger",
-                         "init_args": {"save_dir": str(cell / "train"), "default_hp_metric": False}})
-    command = [sys.executable, str(ROOT / "train.py"), *[a for c in args.config for a in ("--config", c)],
-               *[a for o in overrides for a in (f"--{o.partition('=')[0]}", o.partition("=")[2])],
-               "--seed_everything", str(seed), "--trainer.default_root_dir", str(cell / "train"),
-               "--trainer.logger", logger, "--trainer.enable_progress_bar", "false", "--ckpt_path", "last"]
-    (cell / "command").write_text(shlex.join(command) + "\n")  # quoted: the logger's JSON holds spaces
-    print(f"train {cell.relative_to(args.out)}", flush=True)
+    overrides = cell_overrides(args, assignment, seed)
+    partial = cell / "eval.json.partial"
     start = time.time()
     with open(cell / "train.log", "a") as log:
-        if subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
-            print(f"FAILED {cell.relative_to(args.out)}: see {cell / 'train.log'}", flush=True)
-            return None
-        ckpt = (best_checkpoint if args.select == "best" else last_checkpoint)(cell / "train")
-        if ckpt is None:
-            print(f"FAILED {cell.relative_to(args.out)}: no {args.select} checkpoint under {cell / 'train'}", flush=True)
-            return None
-        link = cell / "model.ckpt"
-        link.unlink(missing_ok=True)
-        link.symlink_to(ckpt.relative_to(cell))
-        partial = cell / "eval.json.partial"
+        if args.model:  # an evaluation of a model as it is: no training, no dev curve
+            ckpt = None
+            source = ["--model", args.model, *(["--pooling", args.pooling] if args.pooling else [])]
+            (cell / "command").write_text(shlex.join(evaluate_command(args, source, partial)) + "\n")
+            print(f"evaluate {name}", flush=True)
+        else:
+            command = train_command(args, cell, overrides, seed)
+            (cell / "command").write_text(shlex.join(command) + "\n")  # quoted: the logger's JSON holds spaces
+            print(f"train {name}", flush=True)
+            if subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
+                print(f"FAILED {name}: see {cell / 'train.log'}", flush=True)
+                return None
+            ckpt = (best_checkpoint if args.select == "best" else last_checkpoint)(cell / "train")
+            if ckpt is None:
+                print(f"FAILED {name}: no {args.select} checkpoint under {cell / 'train'}", flush=True)
+                return None
+            link = cell / "model.ckpt"
+            link.unlink(missing_ok=True)
+            link.symlink_to(ckpt.relative_to(cell))
+            source = ["--ckpt_path", str(ckpt)]
         partial.unlink(missing_ok=True)  # a stop during evaluation leaves this; evaluate again
-        evaluation = [sys.executable, str(ROOT / "evaluate.py"), "--ckpt_path", str(ckpt), "--sts_dir", args.sts_dir,
-                      "--precision", args.eval_precision, "--output", str(partial)]
         if args.dev_only:
             partial.write_text("{}\n")
-        elif subprocess.run(evaluation, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
-            print(f"FAILED evaluation of {cell.relative_to(args.out)}: see {cell / 'train.log'}", flush=True)
+        elif subprocess.run(evaluate_command(args, source, partial), cwd=ROOT, env=env, stdout=log,
+                            stderr=subprocess.STDOUT).returncode != 0:
+            print(f"FAILED evaluation of {name}: see {cell / 'train.log'}", flush=True)
             return None
-    step = int(BEST_STEP.search(ckpt.name).group(1)) if args.select == "best" else None
-    dev = dev_at(cell / "train", step)
+    step = int(BEST_STEP.search(ckpt.name).group(1)) if ckpt is not None and args.select == "best" else None
+    dev = dev_at(cell / "train", step) if ckpt is not None else {}
     (cell / "dev.json").write_text(json.dumps({**dev, "select": args.select, "step": step}, indent=2) + "\n")
     results = json.loads(partial.read_text())
     scores = {t: float(results[t]) for t in STS_TASKS if t in results}
@@ -173,11 +206,45 @@ def run_cell(args: argparse.Namespace, cell: Path, assignment: dict[str, str], s
     dev_scores = {f"dev_{k}": dev[k] for k in DEV if k in dev}
     write_hparams(cell, cell_hparams(args, assignment, seed), {**scores, **dev_scores})
     (cell / "wall_s").write_text(f"{time.time() - start:.0f}\n")  # training and evaluation, this attempt
-    os.replace(partial, cell / "eval.json")  # last: its presence means the cell is finished
-    print(f"done  {cell.relative_to(args.out)}: avg {scores.get('avg', float('nan')):.2f}, "
+    os.replace(partial, cell / "eval.json")  # its presence means the cell is finished
+    write_record(args, cell, assignment, seed)
+    print(f"done  {name}: avg {scores.get('avg', float('nan')):.2f}, "
           f"dev mean {statistics.mean(dev[k] for k in DEV if k in dev) if dev else float('nan'):.2f} "
           f"({time.time() - start:.0f} s)", flush=True)
     return results
+
+
+def write_record(args: argparse.Namespace, cell: Path, assignment: dict[str, str], seed: int) -> None:
+    """The finished cell's record under ``--records`` (never over a different one)."""
+    if args.records is None:
+        return
+    label = cell.parent.name
+    path = records.path_of(args.records, args.name, label, seed)
+    if path.exists():
+        return
+    attempts = [json.loads(line) for line in (cell / "attempts.jsonl").read_text().splitlines() if line.strip()] \
+        if (cell / "attempts.jsonl").exists() else []
+    if not attempts:
+        print(f"no record for {cell}: it has no attempts.jsonl (finished before records were kept)", flush=True)
+        return
+    dev = json.loads((cell / "dev.json").read_text())
+    results = json.loads((cell / "eval.json").read_text())
+    series = records.scalars(cell / "train") if (cell / "train").exists() else {}
+    config = records.run_config(cell / "train") if (cell / "train").exists() else {}
+    hparams = cell_hparams(args, assignment, seed)
+    monitor = records.nested(config, "checkpoint.monitor") if args.select == "best" else None
+    record = records.build(
+        study=args.name, cell=label, values=dict(assignment), overrides=cell_overrides(args, assignment, seed),
+        configs=list(args.config or []) + ([f"model: {args.model}"] if args.model else []), seed=seed,
+        data_seed=hparams["data_seed"],
+        selection={"rule": "none" if args.model else args.select, "monitor": monitor, "step": dev.get("step")},
+        dev_curve=records.dev_curve(series), dev={k: dev[k] for k in DEV if k in dev},
+        test=records.test_scores(results), transfer=records.transfer_scores(results),
+        mechanisms=records.mechanisms(series), wall_s=float((cell / "wall_s").read_text()), attempts=attempts,
+        precision={"train": records.nested(config, "trainer.precision"), "eval": args.eval_precision})
+    if records.write(path, record):
+        print(f"record {path.relative_to(args.records.parent) if args.records.parent in path.parents else path}",
+              flush=True)
 
 
 def mean_std(values: list[float]) -> str:
@@ -207,7 +274,10 @@ def table(rows: dict[str, list[Path]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--name", required=True, help="the grid's directory under --out")
-    parser.add_argument("--config", action="append", required=True, help="train.py config files, merged in order")
+    parser.add_argument("--config", action="append", default=[], help="train.py config files, merged in order")
+    parser.add_argument("--model", default=None,
+                        help="no training: the one cell evaluates this model (a hub name or folder) as it is")
+    parser.add_argument("--pooling", default=None, help="with --model: its pooling (default: the model's own)")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a fixed override")
     parser.add_argument("--vary", action="append", default=[], metavar="KEY=V1,V2", help="a varied key")
     parser.add_argument("--seeds", default="42", help="comma-separated seeds (default 42)")
@@ -219,8 +289,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--select", default="last", choices=["last", "best"],
                         help="the checkpoint scored: the last, or the best by the config's checkpoint.monitor")
     parser.add_argument("--dev_only", action="store_true", help="score no test task: a dev grid that chooses settings")
+    parser.add_argument("--transfer_dir", default=None,
+                        help="also score SentEval's transfer tasks from this folder (evaluate.py --tasks all)")
+    parser.add_argument("--records", type=Path, default=records.RECORDS,
+                        help="where each finished cell's record goes (default: results/ of the repository)")
     parser.add_argument("--table_only", action="store_true", help="print the table of what has finished; run nothing")
     args = parser.parse_args(argv)
+    if bool(args.config) == bool(args.model):
+        parser.error("give --config (cells that train) or --model (one cell that evaluates a model), not both")
+    if args.model and (args.vary or args.set or args.dev_only):
+        parser.error("--model evaluates one model as it is: no --vary, --set or --dev_only")
     for o in args.set:
         if "=" not in o:
             parser.error(f"--set {o!r}: expected KEY=VALUE")

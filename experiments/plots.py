@@ -1,6 +1,6 @@
 """Curves of runs from their TensorBoard logs: the plots of docs/RESULTS.md and notebook 4.
 
-    python benchmarks/results_plots.py --out docs/simcse_vs_dclr.png \\
+    python experiments/plots.py --out docs/simcse_vs_dclr.png \\
         SimCSE=runs/results/simcse_unsup DCLR=runs/results/dclr_paper_s42 ...
 
 Each NAME=DIR is a run directory (the newest ``lightning_logs/version_*`` below it is used, or DIR

@@ -9,7 +9,7 @@ which the results script sets equal to our run's. Their trainer uses its own sam
 ``--group_by_length``, in the order of our data seed ``--data_seed``), so the two trainers differ in
 nothing but the step and its random draws.
 
-    python benchmarks/st_peer_train.py --objective cosine --data_dir ../shared/data --output DIR
+    python experiments/st_peer_train.py --objective cosine --data_dir ../shared/data --output DIR
 
 Objectives and their sentence-transformers loss:
   softmax  SoftmaxLoss over [u; v; |u-v|], 3 labels     (NLI: snli.test + mnli.dev_matched)
@@ -34,7 +34,7 @@ import os
 import tempfile
 import time
 
-from common import FixedBatches, set_threads
+from benchmarks.common import FixedBatches, set_threads
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 NLI_FILES = ("nli/snli.test.tsv", "nli/mnli.dev_matched.tsv")

@@ -34,15 +34,14 @@ Why a plain argparse script and not a LightningCLI config: nothing here is a Lig
 other benchmarks are argparse scripts, and every default sits in one place, below, where
 ``--help`` prints it. Results as JSON with ``--output`` (never overwritten).
 
-    OMP_NUM_THREADS=1 python benchmarks/film_pairs.py --sts_dir ../shared/data/sts
-    python benchmarks/film_pairs.py --train nyu-mll/glue:qqp:train --val_fraction 0.05 \\
+    OMP_NUM_THREADS=1 python experiments/film_pairs.py --sts_dir ../shared/data/sts
+    python experiments/film_pairs.py --train nyu-mll/glue:qqp:train --val_fraction 0.05 \\
         --test nyu-mll/glue:qqp:validation --max_pairs 20000
 """
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import sys
@@ -56,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from benchmarks.common import machine  # noqa: E402
+from harness.provenance import machine  # noqa: E402
 from datamodules.pairs import LabelledPairs, load_labelled_pairs, sts_duplicate_pairs  # noqa: E402
 from datamodules.triplets import groups_from_pairs, triplets_from_groups  # noqa: E402
 from encoders.tfidf import tfidf_features  # noqa: E402

@@ -5,7 +5,7 @@ sentences of the triplets built from ``--train_sources``), with the FILM config'
 options, and nothing is learned on top: the score of a pair is the cosine of its two TF-IDF
 vectors. The table is ``evaluate.py``'s (SentEval's "all" aggregation, Spearman x 100).
 
-    python benchmarks/tfidf_baseline.py --sts_dir ../shared/data/sts \\
+    python experiments/tfidf_baseline.py --sts_dir ../shared/data/sts \\
         --train_sources ../shared/data/nli/snli.test.tsv ../shared/data/nli/mnli.dev_matched.tsv
 """
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """A paper's STS table in one command: train with the paper's protocol, evaluate, print the paper's row beside ours.
 
-    python benchmarks/reproduce.py --paper simcse_unsup
-    python benchmarks/reproduce.py --paper sbert_nli --config configs/overlays/offline_nli.yaml \\
+    python experiments/reproduce.py --paper simcse_unsup
+    python experiments/reproduce.py --paper sbert_nli --config configs/overlays/offline_nli.yaml \\
         --config configs/overlays/cpu_300_steps.yaml --sts_dir ../shared/data/sts
-    python benchmarks/reproduce.py --list
+    python experiments/reproduce.py --list
 
 Each paper is one or more shipped configs (``--list`` shows them). Training is ``train.py`` on those configs
 as shipped: the config's dev cadence, the best dev checkpoint as the CLI's ModelCheckpoint keeps it, the data
@@ -38,7 +38,6 @@ import datetime
 import json
 import math
 import os
-import platform
 import re
 import signal
 import subprocess
@@ -50,7 +49,7 @@ from typing import Sequence
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-# No HF_HUB_OFFLINE default here (other benchmarks set one): the protocol reads the paper's data from the hub.
+# No HF_HUB_OFFLINE default here (the other experiments set one): the protocol reads the paper's data from the hub.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from datamodules.sts import STS_TASKS  # noqa: E402
@@ -355,24 +354,16 @@ def table(paper: Paper, compared: dict, seed: int) -> str:
     return "\n".join(lines)
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine() -> str:
     import torch
+
+    from harness import provenance
 
     if torch.cuda.is_available():
         names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         where = f"{len(names)} x {names[0]}" if len(set(names)) == 1 else ", ".join(names)
     else:
-        where = f"CPU ({cpu_model()}, {os.cpu_count()} cores)"
+        where = f"CPU ({provenance.cpu_model()}, {provenance.cores()} cores)"
     return f"{where}, torch {torch.__version__}"
 
 
