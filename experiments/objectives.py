@@ -1,0 +1,133 @@
+"""What does each objective give here, chosen on dev on one footing? The front page's study, in one resumable
+command.
+
+    python experiments/objectives.py --data ../shared/data --jobs 2 --threads 1 [--stages dev,test,start,film]
+
+Every objective that trains the transformer starts from all-MiniLM-L6-v2 in its paper's pooling, runs 300 steps
+with dev every 100 (``configs/overlays/cpu_dev_choice.yaml``), and gets the same dev budget: the learning rate
+in ``LRS``, seed 42, the best checkpoint's mean of STS-B dev and SICK-R dev (stage ``dev``, no test task
+scored). The best learning rate of each objective is then trained on seeds 42, 43 and 44, each with its own
+batch order, and scored once on the seven test tasks (stage ``test``). ``start`` scores the start model as it is,
+in mean pooling and in the first token's state (the cls regime's start); ``film`` runs FILM's three forms as
+shipped (one cell each: FILM has no learning rate to search; its deep form trains a linear head only).
+
+Every cell is an ``experiments/grid.py`` cell, so it resumes after a stop, is never overwritten and writes its
+record under ``results/objectives_*``; ``experiments/report.py`` builds the front page's table from the records,
+with the same choice rule (``choose`` below). Unsupervised SimCSE and DCLR have their own study, at a full epoch
+(``experiments/dclr_protocol.py``).
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import records
+from records import ROOT
+
+LRS = ("1e-5", "3e-5", "5e-5")
+SEEDS = "42,43,44"
+START = "sentence-transformers/all-MiniLM-L6-v2"
+BUDGET = "configs/overlays/cpu_dev_choice.yaml"
+# name -> (configs, fixed overrides): the paper config, the overlay pointing it at the offline model and data
+OBJECTIVES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "nli_softmax": (("configs/sbert_nli_softmax.yaml", "configs/overlays/offline_nli.yaml"), ()),
+    "sts_regression": (("configs/sbert_sts_regression.yaml", "configs/overlays/offline_stsb.yaml"), ()),
+    "triplet": (("configs/sbert_triplet.yaml", "configs/overlays/offline_nli.yaml"), ()),
+    "mnr": (("configs/mnr_nli.yaml", "configs/overlays/offline_nli.yaml"), ()),
+    "mnr_hard_negatives": (("configs/mnr_nli.yaml", "configs/overlays/offline_nli.yaml"),
+                           ("data.init_args.view=triplets",)),
+    # the paper's batch is 512; 64 here, the CPU budget's (as MNR's)
+    "simcse_sup": (("configs/simcse_sup.yaml", "configs/overlays/offline_nli.yaml"),
+                   ("data.init_args.per_device_batch_size=64",)),
+}
+FILM = {
+    "film_tfidf": (("configs/film_tfidf.yaml",), ("data.init_args.train_sources=[{data}/nli/snli.test.tsv,"
+                                                  "{data}/nli/mnli.dev_matched.tsv]",)),
+    "film_frozen_encoder": (("configs/film_frozen_encoder.yaml",), ("data.init_args.train_sources=[{data}/nli/"
+                                                                    "snli.test.tsv]",)),
+    "film_deep_triplet": (("configs/film_deep_triplet.yaml", "configs/overlays/offline_nli.yaml", BUDGET), ()),
+}
+STAGES = ("dev", "test", "start", "film")
+
+
+def dev_mean(record: dict) -> float:
+    return (record["dev"]["stsb"] + record["dev"]["sickr"]) / 2
+
+
+def choose(found: list[dict]) -> dict | None:
+    """The dev cell with the highest mean of STS-B dev and SICK-R dev at its selected checkpoint (the first of
+    equals in learning-rate order), or None when not every learning rate has finished."""
+    cells = sorted(found, key=lambda r: LRS.index(r["values"]["model.init_args.lr"]))
+    if [r["values"]["model.init_args.lr"] for r in cells] != list(LRS):
+        return None
+    return max(cells, key=dev_mean)
+
+
+def grid(args: argparse.Namespace, name: str, configs: tuple[str, ...], sets: tuple[str, ...], *extra: str) -> list[str]:
+    command = [sys.executable, str(ROOT / "experiments" / "grid.py"), "--name", name,
+               *[a for c in configs for a in ("--config", c)], *[a for s in sets for a in ("--set", s)],
+               "--sts_dir", f"{args.data}/sts", "--threads", str(args.threads), "--eval_precision", args.eval_precision,
+               "--records", str(args.records), "--out", str(args.out), *extra]
+    if args.precision:
+        command += ["--set", f"trainer.precision={args.precision}"]
+    return command
+
+
+def commands(args: argparse.Namespace, stage: str) -> list[list[str]]:
+    data = {"data": args.data}
+    if stage == "dev":
+        return [grid(args, f"objectives_dev_{name}", (*configs, BUDGET), sets, "--select", "best", "--dev_only",
+                     "--vary", f"model.init_args.lr={','.join(LRS)}", "--seeds", "42")
+                for name, (configs, sets) in OBJECTIVES.items()]
+    if stage == "test":
+        out = []
+        known = records.load_all(args.records)
+        for name, (configs, sets) in OBJECTIVES.items():
+            chosen = choose(records.select(known, f"objectives_dev_{name}"))
+            if chosen is None:
+                print(f"{name}: its dev grid has not finished; no test cells yet", flush=True)
+                continue
+            lr = chosen["values"]["model.init_args.lr"]
+            out.append(grid(args, f"objectives_{name}", (*configs, BUDGET), (*sets, f"model.init_args.lr={lr}"),
+                            "--select", "best", "--seeds", SEEDS))
+        return out
+    if stage == "start":
+        return [[sys.executable, str(ROOT / "experiments" / "grid.py"), "--name", f"start_{pooling}", "--model", START,
+                 "--pooling", pooling, "--sts_dir", f"{args.data}/sts", "--threads", str(args.threads),
+                 "--eval_precision", args.eval_precision, "--records", str(args.records), "--out", str(args.out)]
+                for pooling in ("mean", "cls_before_pooler")]
+    return [grid(args, name, configs, tuple(s.format(**data) for s in (*sets, "data.init_args.sts_dir={data}/sts")),
+                 "--seeds", "42") for name, (configs, sets) in FILM.items()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", required=True, help="the data root (its sts/, nli/ folders)")
+    parser.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)}")
+    parser.add_argument("--jobs", type=int, default=2, help="cells trained at the same time (default 2)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of each cell")
+    parser.add_argument("--precision", default=None, help="trainer.precision of every cell (default: the overlay's 32)")
+    parser.add_argument("--eval_precision", default="32", choices=["32", "bf16", "16"])
+    parser.add_argument("--records", type=Path, default=records.RECORDS)
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "grid")
+    args = parser.parse_args(argv)
+    stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown:
+        parser.error(f"--stages: unknown {', '.join(unknown)}; known: {', '.join(STAGES)}")
+    ok = True
+    for stage in stages:
+        todo = commands(args, stage)
+        print(f"== stage {stage}: {len(todo)} grid(s)", flush=True)
+        # --jobs grids at a time, each running its cells one after another
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            codes = list(pool.map(lambda c: subprocess.run(c, cwd=ROOT).returncode, todo))
+        ok &= all(code == 0 for code in codes)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
