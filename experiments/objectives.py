@@ -53,17 +53,13 @@ FILM = {
 STAGES = ("dev", "test", "start", "film")
 
 
-def dev_mean(record: dict) -> float:
-    return (record["dev"]["stsb"] + record["dev"]["sickr"]) / 2
-
-
 def choose(found: list[dict]) -> dict | None:
     """The dev cell with the highest mean of STS-B dev and SICK-R dev at its selected checkpoint (the first of
     equals in learning-rate order), or None when not every learning rate has finished."""
     cells = sorted(found, key=lambda r: LRS.index(r["values"]["model.init_args.lr"]))
     if [r["values"]["model.init_args.lr"] for r in cells] != list(LRS):
         return None
-    return max(cells, key=dev_mean)
+    return max(cells, key=lambda r: (r["dev"]["stsb"] + r["dev"]["sickr"]) / 2)
 
 
 def grid(args: argparse.Namespace, name: str, configs: tuple[str, ...], sets: tuple[str, ...], *extra: str) -> list[str]:

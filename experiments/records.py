@@ -11,6 +11,7 @@ Checkpoints and event files stay in ``runs/`` (ignored by git); a record holds n
 """
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 import os
@@ -203,7 +204,7 @@ def build(*, study: str, cell: str, values: dict, overrides: list[str], configs:
           transfer: dict | None, mechanisms: dict, wall_s: float, attempts: list[dict], precision: dict) -> dict:
     """A record from its parts; machine, versions and commit are the last attempt's (the one that finished), and
     ``wall_s`` is that attempt's training and evaluation."""
-    last = attempts[-1]
+    last = copy.deepcopy(attempts[-1])
     record = {
         "schema": SCHEMA, "study": study, "cell": cell, "values": values, "overrides": overrides, "configs": configs,
         "seed": seed, "data_seed": data_seed, "selection": selection, "dev_curve": dev_curve, "dev": dev,

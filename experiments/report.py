@@ -1,0 +1,296 @@
+"""Every results table of the docs, written from the records: one command, and a check that nothing drifted.
+
+    python experiments/report.py            # rewrite every generated block and file from results/
+    python experiments/report.py --check    # change nothing; exit 1 naming each block that differs
+
+A generated block sits in a markdown page between ``<!-- report:NAME -->`` and ``<!-- /report:NAME -->``; the
+text between the markers is this script's, and a hand edit there is undone by the next run (and fails
+``--check``). Prose outside the blocks quotes no figure: the findings are generated blocks too. Each block is
+a function below, of the records alone (``experiments/records.py``); statistics come from
+``experiments/stats.py``, paper figures from ``experiments/papers.py``. ``docs/results/cells.csv`` (every
+record, one line each) is written the same way.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import difflib
+import io
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import records  # noqa: E402
+import stats  # noqa: E402
+from objectives import LRS, choose  # noqa: E402
+from papers import PAPERS, SBERT_STSB, PaperRow  # noqa: E402
+from records import DEV, ROOT, STS  # noqa: E402
+
+BLOCK = re.compile(r"(<!-- report:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /report:(?P=name) -->)", re.S)
+PAGES = ("docs/RESULTS.md", "docs/results/objectives.md")
+NAMES = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16",
+         "stsb": "STS-B", "sickr": "SICK-R", "avg": "avg"}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One objective of the front page: its name, its studies' stem, its paper's pooling, its paper figure."""
+    label: str
+    stem: str  # records: objectives_dev_<stem> (the dev grid) and objectives_<stem> (the choice on test)
+    pooling: str
+    paper: PaperRow | None
+    budget: str = "lr"  # "lr": the learning-rate grid; "shipped": one cell, the config as shipped
+    start: str = "start_mean"
+
+
+OBJECTIVES = (
+    Row("SBERT NLI softmax", "nli_softmax", "mean", PAPERS["sbert_nli"].paper_row),
+    Row("SBERT STS-B regression", "sts_regression", "mean", SBERT_STSB),
+    Row("SBERT triplet (NLI)", "triplet", "mean", None),
+    Row("MNR, NLI pairs", "mnr", "mean", None),
+    Row("MNR, NLI pairs + hard negatives", "mnr_hard_negatives", "mean", None),
+    Row("supervised SimCSE (batch 64)", "simcse_sup", "cls + MLP", PAPERS["simcse_sup"].paper_row),
+    Row("FILM over TF-IDF", "film_tfidf", "TF-IDF", None, budget="shipped"),
+    Row("FILM over frozen all-MiniLM-L6-v2", "film_frozen_encoder", "mean, frozen", None, budget="shipped"),
+    Row("FILM deep: triplet on a head over a frozen transformer", "film_deep_triplet", "mean, frozen + head", None,
+        budget="shipped"),
+)
+
+
+# -- reading the records -------------------------------------------------------------------------------------
+def dev_mean(record: dict) -> float:
+    return (record["dev"]["stsb"] + record["dev"]["sickr"]) / 2
+
+
+def lr_of(record: dict) -> str:
+    return record["values"]["model.init_args.lr"]
+
+
+def test_records(found: list[dict]) -> list[dict]:
+    return [r for r in found if r["test"] is not None]
+
+
+def fmt(value: float | None, sign: bool = False) -> str:
+    if value is None:
+        return "—"
+    return f"{value:+.2f}" if sign else f"{value:.2f}"
+
+
+def where(found: list[dict]) -> str:
+    """Machines, precisions and dates of a set of records, in words."""
+    machines = sorted({machine_text(r) for r in found})
+    precisions = sorted({f"train {r['precision']['train']}, eval {r['precision']['eval']}" for r in found})
+    dates = sorted({r["date"] for r in found})
+    torch = sorted({r["versions"].get("torch") or "?" for r in found})
+    return (f"{'; '.join(machines)}; torch {', '.join(torch)}; {'; '.join(precisions)}; "
+            f"{dates[0] if len(dates) == 1 else dates[0] + ' to ' + dates[-1]}")
+
+
+def machine_text(record: dict) -> str:
+    m = record["machine"]
+    if m.get("gpu"):
+        return f"one {m['gpu']}"
+    units = ", ".join(m.get("bf16_units") or []) or "no bf16 units"
+    return f"{m['cores']} cores of an {m['cpu']} ({units}), {m['threads']} thread(s) a cell"
+
+
+# -- the blocks -----------------------------------------------------------------------------------------------
+def front_table(all_records: list[dict]) -> str:
+    lines = ["| objective | pooling | dev budget | chosen | seeds | test avg | Δ start | STS-B | SICK-R | paper |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in OBJECTIVES:
+        start = records.select(all_records, row.start)
+        start_avg = start[0]["test"]["avg"] if start else None
+        if row.budget == "lr":
+            dev = records.select(all_records, f"objectives_dev_{row.stem}")
+            chosen = choose(dev)
+            budget = f"{len(dev)} of {len(LRS)} cells" if chosen is None else f"{len(LRS)} cells (lr)"
+            pick = f"lr {lr_of(chosen)}" if chosen else "—"
+            tests = test_records(records.select(all_records, f"objectives_{row.stem}"))
+        else:
+            budget, pick = "1 cell", "as shipped"
+            tests = test_records(records.select(all_records, row.stem))
+        avg = stats.summary([r["test"]["avg"] for r in tests])
+        delta = fmt(avg.mean - start_avg, sign=True) if avg.n and start_avg is not None else "—"
+        seeds = ", ".join(str(r["seed"]) for r in tests) or "—"
+        cells = [row.label, row.pooling, budget, pick, seeds, avg.text(), delta,
+                 stats.summary([r["test"]["stsb"] for r in tests]).text(),
+                 stats.summary([r["test"]["sickr"] for r in tests]).text(), paper_text(row.paper)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def paper_text(row: PaperRow | None) -> str:
+    if row is None:
+        return "no paper figure on these tasks"
+    metric = "avg" if "avg" in row.scores else next(iter(row.scores))
+    return f"{row.scores[metric]:.2f} {NAMES[metric]} ({row.row}; {row.citation})"
+
+
+def start_table(all_records: list[dict]) -> str:
+    lines = ["| start | " + " | ".join(NAMES[t] for t in (*STS, "avg")) + " |", "|---" * (len(STS) + 2) + "|"]
+    for study, label in (("start_mean", "all-MiniLM-L6-v2, mean pooling"),
+                         ("start_cls_before_pooler", "all-MiniLM-L6-v2, first token's state (the cls regime)")):
+        for r in records.select(all_records, study):
+            lines.append(f"| {label} | " + " | ".join(fmt(r["test"][t]) for t in (*STS, "avg")) + " |")
+    return "\n".join(lines)
+
+
+def dev_grids(all_records: list[dict]) -> str:
+    lines = ["| objective | lr | best step | STS-B dev | SICK-R dev | dev mean | chosen |", "|---|---|---|---|---|---|---|"]
+    for row in OBJECTIVES:
+        if row.budget != "lr":
+            continue
+        dev = records.select(all_records, f"objectives_dev_{row.stem}")
+        chosen = choose(dev)
+        for r in sorted(dev, key=lambda r: LRS.index(lr_of(r))):
+            mark = "**yes**" if chosen is not None and r is chosen else ""
+            lines.append(f"| {row.label} | {lr_of(r)} | {r['selection']['step']} | {fmt(r['dev']['stsb'])} | "
+                         f"{fmt(r['dev']['sickr'])} | {fmt(dev_mean(r))} | {mark} |")
+    return "\n".join(lines)
+
+
+def test_table(all_records: list[dict]) -> str:
+    tasks = (*STS, "avg")
+    lines = ["| objective | seeds | " + " | ".join(NAMES[t] for t in tasks) + " |", "|---" * (len(tasks) + 2) + "|"]
+    for row in OBJECTIVES:
+        study = f"objectives_{row.stem}" if row.budget == "lr" else row.stem
+        tests = test_records(records.select(all_records, study))
+        if not tests:
+            continue
+        lines.append(f"| {row.label} | {', '.join(str(r['seed']) for r in tests)} | " +
+                     " | ".join(stats.summary([r["test"][t] for r in tests]).text() for t in tasks) + " |")
+    return "\n".join(lines)
+
+
+def per_seed_table(all_records: list[dict]) -> str:
+    lines = ["| objective | seed | batch order | best step | dev mean | test avg | wall (s) |", "|---|---|---|---|---|---|---|"]
+    for row in OBJECTIVES:
+        study = f"objectives_{row.stem}" if row.budget == "lr" else row.stem
+        for r in test_records(records.select(all_records, study)):
+            mean = fmt(dev_mean(r)) if set(DEV) <= set(r["dev"]) else "—"
+            lines.append(f"| {row.label} | {r['seed']} | {r['data_seed']} | {r['selection']['step'] or 'last'} | "
+                         f"{mean} | {fmt(r['test']['avg'])} | {r['wall_s']:.0f} |")
+    return "\n".join(lines)
+
+
+def objectives_where(all_records: list[dict]) -> str:
+    found = [r for r in all_records if r["study"].startswith(("objectives_", "start_", "film_"))]
+    return f"Where and when: {where(found)}." if found else "No cell of this study has finished yet."
+
+
+def front_findings(all_records: list[dict]) -> str:
+    """The front table in sentences: which objectives raise the start, which lower it."""
+    start = records.select(all_records, "start_mean")
+    if not start:
+        return "The start model's record is missing; no finding yet."
+    base = start[0]["test"]["avg"]
+    moves = []
+    for row in OBJECTIVES:
+        if row.start != "start_mean":
+            continue
+        study = f"objectives_{row.stem}" if row.budget == "lr" else row.stem
+        tests = test_records(records.select(all_records, study))
+        if tests:
+            moves.append((stats.summary([r["test"]["avg"] for r in tests]).mean - base, row.label, len(tests)))
+    if not moves:
+        return "No objective has finished its test cells yet."
+    up = sorted((m for m in moves if m[0] > 0), reverse=True)
+    down = sorted(m for m in moves if m[0] <= 0)
+    parts = [f"From the mean-pooled start ({base:.2f}), "]
+    if up:
+        parts.append("these raise the seven-task average: " + "; ".join(f"{label} {d:+.2f}" for d, label, _ in up)
+                     + ". ")
+    if down:
+        parts.append("These lower it: " + "; ".join(f"{label} {d:+.2f}" for d, label, _ in down) + ". ")
+    parts.append("Each figure is the mean over the choice's seeds, from the table above.")
+    return "".join(parts)
+
+
+BLOCKS: dict[str, Callable[[list[dict]], str]] = {
+    "front_table": front_table, "front_findings": front_findings, "objectives_where": objectives_where,
+    "start_table": start_table, "dev_grids": dev_grids, "test_table": test_table, "per_seed": per_seed_table,
+}
+
+
+def cells_csv(all_records: list[dict]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["study", "cell", "seed", "data_seed", "rule", "step", "dev_stsb", "dev_sickr", *STS, "avg",
+                     "train_precision", "eval_precision", "machine", "date", "commit"])
+    for r in all_records:
+        test = r["test"] or {}
+        writer.writerow([r["study"], r["cell"], r["seed"], r["data_seed"], r["selection"]["rule"],
+                         r["selection"]["step"], *(f"{r['dev'][k]:.4f}" if k in r["dev"] else "" for k in DEV),
+                         *(f"{test[t]:.4f}" if t in test else "" for t in (*STS, "avg")),
+                         r["precision"]["train"], r["precision"]["eval"], machine_text(r), r["date"], r["commit"]])
+    return out.getvalue()
+
+
+FILES: dict[str, Callable[[list[dict]], str]] = {"docs/results/cells.csv": cells_csv}
+
+
+# -- writing and checking ------------------------------------------------------------------------------------
+def render_page(text: str, rendered: dict[str, str], page: str) -> str:
+    def replace(match: re.Match) -> str:
+        name = match.group("name")
+        if name not in rendered:
+            raise SystemExit(f"error: {page}: block {name!r} has no generator in experiments/report.py")
+        return f"{match.group(1)}{rendered[name]}\n{match.group(4)}"
+
+    return BLOCK.sub(replace, text)
+
+
+def run(root: Path = ROOT, records_dir: Path | None = None, check: bool = False) -> list[str]:
+    """Rewrite (or, with ``check``, compare) every generated block and file; returns the differences found."""
+    found = records.load_all(records_dir or root / "results")
+    rendered = {name: block(found) for name, block in BLOCKS.items()}
+    placed: set[str] = set()
+    outputs = {}
+    for page in PAGES:
+        path = root / page
+        text = path.read_text()
+        placed |= {m.group("name") for m in BLOCK.finditer(text)}
+        outputs[page] = (text, render_page(text, rendered, page))
+    for name, make in FILES.items():
+        path = root / name
+        outputs[name] = (path.read_text() if path.exists() else "", make(found))
+    problems = [f"block {name!r} is placed in no page of {', '.join(PAGES)}" for name in BLOCKS if name not in placed]
+    for name, (old, new) in outputs.items():
+        if old != new:
+            diff = "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), name, name + " (from records)",
+                                                n=0))
+            problems.append(f"{name} differs from what the records give:\n{diff[:3000]}")
+            if not check:
+                (root / name).parent.mkdir(parents=True, exist_ok=True)
+                (root / name).write_text(new)
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a block or file differs")
+    parser.add_argument("--records", type=Path, default=None, help="the records' folder (default: results/)")
+    args = parser.parse_args(argv)
+    try:
+        problems = run(records_dir=args.records, check=args.check)
+    except records.RecordError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    unplaced = [p for p in problems if p.startswith("block ")]
+    for p in problems if args.check else unplaced:
+        print(p, file=sys.stderr)
+    if args.check and problems:
+        print("error: the docs differ from the records; run python experiments/report.py", file=sys.stderr)
+        return 1
+    if not args.check:
+        print(f"{len(problems) - len(unplaced)} page(s) or file(s) rewritten from the records")
+    return 1 if unplaced else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

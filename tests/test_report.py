@@ -1,0 +1,174 @@
+"""Results as data: the records, the statistics against hand-computed values, and the docs regenerated from the
+committed records with nothing drifting (experiments/records.py, stats.py, report.py)."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "experiments"))
+import objectives  # noqa: E402
+import records  # noqa: E402
+import report  # noqa: E402
+import stats  # noqa: E402
+
+ATTEMPT = {"machine": {"cpu": "Test CPU", "bf16_units": [], "cores": 2, "threads": 1, "gpu": None},
+           "versions": {"python": "3.11", "torch": "2.13.0"}, "commit": "abc", "started": "2026-12-06T00:00:00+00:00"}
+
+
+def record(study: str, cell: str, seed: int, avg: float | None, dev=(80.0, 70.0), lr: str | None = None) -> dict:
+    test = None if avg is None else {**{t: avg for t in records.STS}, "avg": avg, "subsets": {}, "pairs": {}}
+    values = {"model.init_args.lr": lr} if lr else {}
+    return records.build(study=study, cell=cell, values=values, overrides=[f"{k}={v}" for k, v in values.items()],
+                         configs=["configs/x.yaml"], seed=seed, data_seed=seed,
+                         selection={"rule": "best", "monitor": "val/avg_spearman", "step": 200},
+                         dev_curve=[{"step": 0, "stsb": 1.0, "sickr": 2.0}], dev={"stsb": dev[0], "sickr": dev[1]},
+                         test=test, transfer=None, mechanisms={}, wall_s=10.0, attempts=[ATTEMPT],
+                         precision={"train": "32", "eval": "32"})
+
+
+# -- statistics, against figures worked out by hand -----------------------------------------------------------
+def test_paired_statistics_against_hand_computed_values():
+    # differences 1.0, 0.6, 1.3: mean 0.9667; sd sqrt((0.0333^2 + 0.3667^2 + 0.3333^2) / 2) = 0.3512;
+    # t = mean / (sd / sqrt 3) = 4.768. With 2 degrees of freedom Student's t has the closed form
+    # P(|T| > t) = 1 - t / sqrt(t^2 + 2) = 0.0413, and t(0.975, 2) = 4.3027, so the interval is
+    # 0.9667 ± 4.3027 * 0.2028 = [0.094, 1.839]. Sign flips: of the 8 patterns only all-plus and all-minus
+    # reach |mean| 0.9667 (the others: 0.567, 0.3, 0.1), so p = 2/8.
+    a = {42: 76.0, 43: 76.5, 44: 76.2, 45: 70.0}
+    b = {42: 77.0, 43: 77.1, 44: 77.5}
+    result = stats.paired(a, b)
+    assert result.seeds == [42, 43, 44]  # seed 45 has no pair
+    assert result.diffs == pytest.approx([1.0, 0.6, 1.3])
+    assert result.mean == pytest.approx(0.96667, abs=1e-4) and result.sd == pytest.approx(0.35119, abs=1e-4)
+    assert result.t == pytest.approx(4.768, abs=1e-3)
+    assert result.p_t == pytest.approx(1 - result.t / math.sqrt(result.t ** 2 + 2), abs=1e-9)
+    assert result.p_t == pytest.approx(0.0413, abs=1e-4)
+    assert (result.low, result.high) == (pytest.approx(0.0943, abs=1e-3), pytest.approx(1.8391, abs=1e-3))
+    assert result.p_sign == 0.25
+
+
+def test_sign_flip_p_of_five_positive_pairs_is_its_floor():
+    assert stats.sign_flip_p([1.2, 0.8, 1.1, 0.7, 1.3]) == 2 / 32
+
+
+def test_summary_of_one_and_of_several_values():
+    assert stats.summary([77.0]).text() == "77.00"
+    assert stats.summary([1.0, 2.0, 3.0]).text() == "2.00 ± 1.00"  # sample sd: sqrt(2 / 2)
+    assert stats.summary([]).text() == "—"
+    with pytest.raises(ValueError, match="2 or more"):
+        stats.paired({1: 1.0}, {1: 2.0})
+
+
+# -- records ---------------------------------------------------------------------------------------------
+def test_a_record_is_written_once_and_never_replaced_by_another(tmp_path):
+    path = records.path_of(tmp_path, "s", "base", 42)
+    first = record("s", "base", 42, 77.0)
+    assert records.write(path, first) is True
+    assert records.write(path, first) is False  # the same record: nothing to do
+    with pytest.raises(records.RecordError, match="never overwritten"):
+        records.write(path, record("s", "base", 42, 78.0))
+    assert records.load(path)["test"]["avg"] == 77.0
+
+
+@pytest.mark.parametrize("key", ["machine", "commit", "dev_curve", "selection"])
+def test_a_record_missing_a_field_is_refused_naming_the_file_and_key(tmp_path, key):
+    path = tmp_path / "s" / "base" / "seed42.json"
+    path.parent.mkdir(parents=True)
+    broken = record("s", "base", 42, 77.0)
+    del broken[key]
+    path.write_text(json.dumps(broken))
+    with pytest.raises(records.RecordError, match=f"{path}: missing field '{key}'"):
+        records.load_all(tmp_path)
+
+
+def test_nested_fields_and_test_tasks_are_checked(tmp_path):
+    broken = record("s", "base", 42, 77.0)
+    del broken["test"]["sickr"]
+    with pytest.raises(records.RecordError, match="missing field 'test.sickr'"):
+        records.check(broken, "x.json")
+    broken = record("s", "base", 42, 77.0)
+    del broken["machine"]["cpu"]
+    with pytest.raises(records.RecordError, match="missing field 'machine.cpu'"):
+        records.check(broken, "x.json")
+
+
+def test_dev_curve_counts_optimizer_steps_and_keeps_a_resumed_runs_last_value():
+    series = {"val/stsb_spearman": [(0, 70.0), (99, 80.0), (199, 81.0), (199, 81.5)],
+              "val/sickr_spearman": [(0, 60.0), (99, 61.0)]}
+    assert records.dev_curve(series) == [{"step": 0, "stsb": 70.0, "sickr": 60.0},
+                                         {"step": 100, "stsb": 80.0, "sickr": 61.0}, {"step": 200, "stsb": 81.5}]
+
+
+# -- the docs from the records ---------------------------------------------------------------------------
+def test_the_docs_are_what_the_committed_records_give():
+    """A hand-edited cell, a stale table or a record missing a field all fail here (the tests below show each)."""
+    assert report.run(check=True) == []
+
+
+@pytest.fixture()
+def project(tmp_path):
+    """A copy of the pages with generated blocks, and a small set of records of the front page's studies."""
+    for page in report.PAGES:
+        (tmp_path / page).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / page, tmp_path / page)
+    results = tmp_path / "results"
+    records.write(records.path_of(results, "start_mean", "base", 42), record("start_mean", "base", 42, 78.0))
+    for lr, dev in zip(objectives.LRS, ((84.0, 76.0), (85.0, 77.0), (85.0, 76.0))):
+        cell = f"lr={lr}"
+        records.write(records.path_of(results, "objectives_dev_sts_regression", cell, 42),
+                      record("objectives_dev_sts_regression", cell, 42, None, dev=dev, lr=lr))
+    for seed, avg in ((42, 81.0), (43, 82.0), (44, 83.0)):
+        records.write(records.path_of(results, "objectives_sts_regression", "base", seed),
+                      record("objectives_sts_regression", "base", seed, avg))
+    report.run(tmp_path)  # write the pages from these records
+    return tmp_path
+
+
+def test_the_front_table_holds_the_dev_choice_and_the_seeds_statistics(project):
+    assert report.run(project, check=True) == []
+    text = (project / "docs" / "RESULTS.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| SBERT STS-B regression"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # dev means 80, 81, 80.5: lr 3e-5 wins; test 81, 82, 83: mean 82, sd 1; start 78
+    assert cells[2:8] == ["3 cells (lr)", "lr 3e-5", "42, 43, 44", "82.00 ± 1.00", "+4.00", "82.00 ± 1.00"]
+    assert "SBERT STS-B regression +4.00" in text  # the findings quote the table
+
+
+def test_a_hand_edited_cell_fails_the_check(project):
+    page = project / "docs" / "RESULTS.md"
+    page.write_text(page.read_text().replace("82.00 ± 1.00", "82.50 ± 1.00", 1))
+    problems = report.run(project, check=True)
+    assert len(problems) == 1 and problems[0].startswith("docs/RESULTS.md differs from what the records give")
+    assert "-| SBERT STS-B regression" in problems[0] and "82.50" in problems[0]
+
+
+def test_a_new_record_makes_the_tables_stale(project):
+    records.write(records.path_of(project / "results", "objectives_sts_regression", "base", 45),
+                  record("objectives_sts_regression", "base", 45, 90.0))
+    problems = report.run(project, check=True)
+    assert {p.split(" ")[0] for p in problems} == {"docs/RESULTS.md", "docs/results/objectives.md",
+                                                   "docs/results/cells.csv"}
+    report.run(project)  # rewriting brings them back in line
+    assert report.run(project, check=True) == []
+
+
+def test_a_broken_record_stops_the_report_naming_it(project):
+    path = records.path_of(project / "results", "objectives_sts_regression", "base", 43)
+    broken = json.loads(path.read_text())
+    del broken["precision"]
+    path.write_text(json.dumps(broken))
+    with pytest.raises(records.RecordError, match="seed43.json: missing field 'precision'"):
+        report.run(project, check=True)
+
+
+def test_every_block_is_placed_and_every_placed_block_has_a_generator(project):
+    page = project / "docs" / "results" / "objectives.md"
+    page.write_text(page.read_text().replace("<!-- report:per_seed -->", "<!-- report:per_sead -->")
+                    .replace("<!-- /report:per_seed -->", "<!-- /report:per_sead -->"))
+    with pytest.raises(SystemExit, match="block 'per_sead' has no generator"):
+        report.run(project, check=True)
