@@ -268,8 +268,9 @@ class SentenceDataModule(L.LightningDataModule):
         # examples): the Spearman figures are exact and identical on all ranks. Each distinct sentence
         # is encoded once, in batches of similar length, as the STS evaluation encodes its tasks.
         pad_id = self._require_tokenizer().pad_token_id or 0
+        # Its own generator: an iterator draws a seed, which must not come from the global RNG (dropout, noise).
         return [DataLoader(DevBatches(self._dev_ids[name], self.eval_batch_size, pad_id, self.pad_to_multiple_of),
-                           batch_size=None, num_workers=self.num_workers)
+                           batch_size=None, num_workers=self.num_workers, generator=self._loader_generator())
                 for name in self.dev_sets]
 
 

@@ -327,14 +327,26 @@ class RandomState(Callback):
 
 
 class ResumedEpochPosition(Callback):
-    """Tell Lightning where a resumed epoch stands when the data module re-expressed it.
+    """Keep the data's place in training exact across a resume: the epoch whose order the batch sampler draws,
+    and the batch count of an epoch the data module re-expressed.
 
-    The batch sampler continues an epoch saved on another number of devices (or with another batch
-    size) in this run's batches (``SentenceBatchSampler.load_state_dict``); the epoch's batch count
-    Lightning restored is still in the saved run's batches. Left so, the epoch would end early (a
-    count past this run's batches per epoch) or repeat its start. The counts are set to the
-    sampler's before the epoch loop starts; a resume on unchanged settings is left alone.
+    The epoch: Lightning hands each sampler its count of *processed* epochs at every epoch start, and a run
+    resumed from a checkpoint written at an epoch's end (after the last batch, around its validation) counts
+    that epoch as processed but not completed; the next epoch would then draw the order of the one after it.
+    ``trainer.current_epoch`` (the completed epochs) is the epoch that trains, so it is set again at every epoch
+    start. A resume inside an epoch starts no epoch: the sampler keeps the saved epoch and position.
+
+    The count: the batch sampler continues an epoch saved on another number of devices (or with another batch
+    size) in this run's batches (``SentenceBatchSampler.load_state_dict``); the epoch's batch count Lightning
+    restored is still in the saved run's batches. Left so, the epoch would end early (a count past this run's
+    batches per epoch) or repeat its start. The counts are set to the sampler's before the epoch loop starts;
+    a resume on unchanged settings is left alone.
     """
+
+    def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        sampler = getattr(trainer.datamodule, "train_sampler", None)
+        if sampler is not None and hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(trainer.current_epoch)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         sampler = getattr(trainer.datamodule, "train_sampler", None)

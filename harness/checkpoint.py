@@ -15,7 +15,7 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from encoders.checkpoint import CheckpointError, load_checkpoint
 
 __all__ = ["AtomicCheckpointIO", "CheckpointError", "CheckpointWriteError", "NotEnoughSpaceError", "check_free_space",
-           "checkpoint_size", "load_checkpoint", "newest_checkpoint"]
+           "checkpoint_size", "load_checkpoint", "resume_checkpoint"]
 
 log = logging.getLogger(__name__)
 
@@ -131,15 +131,29 @@ def check_free_space(directory: str, module: torch.nn.Module) -> None:
                                   f"{_mib(needed)}; free at least {_mib(needed - free)} there")
 
 
-def newest_checkpoint(directories: Iterable[str]) -> tuple[str, dict] | None:
-    """The most recently written readable ``*.ckpt`` in these directories, with its contents
-    (tensors memory-mapped); unreadable ones, such as a file truncated by a crash, are skipped
-    with a warning. None when there is none."""
+def resume_checkpoint(directories: Iterable[str]) -> tuple[str, dict] | None:
+    """The checkpoint ``--ckpt_path last`` resumes from, with its contents (tensors memory-mapped), or None.
+
+    Of the readable ``*.ckpt`` files in these directories, the one furthest into training: the highest
+    ``global_step``; at the same step, ``last.ckpt`` (the file a run writes to be resumed from), then the newest.
+    So a ``best-*`` checkpoint written after ``last.ckpt`` at the same step (ModelCheckpoint after a
+    validation), or one touched later, never wins over a later step; a checkpoint of the same step holds the
+    same weights, optimizer, data position and random state whichever file it is. Unreadable files (truncated
+    by a crash) are skipped with a warning; ``nonfinite-*`` checkpoints (the last finite state before a NaN)
+    are never taken: resuming there would meet the same NaN (give the file itself to start from it).
+    """
     candidates = [os.path.join(d, name) for d in dict.fromkeys(directories) if os.path.isdir(d)
-                  for name in os.listdir(d) if name.endswith(".ckpt")]
-    for path in sorted(candidates, key=os.path.getmtime, reverse=True):
+                  for name in os.listdir(d) if name.endswith(".ckpt") and not name.startswith("nonfinite-")]
+    readable = []
+    for path in candidates:
         try:
-            return path, load_checkpoint(path, mmap=True)
+            checkpoint = load_checkpoint(path, mmap=True)
         except CheckpointError as err:
             log.warning("skipping an unreadable checkpoint: %s", err)
-    return None
+            continue
+        readable.append((int(checkpoint.get("global_step", -1)), os.path.basename(path) == "last.ckpt",
+                         os.path.getmtime(path), path, checkpoint))
+    if not readable:
+        return None
+    *_, path, checkpoint = max(readable, key=lambda item: item[:3])
+    return path, checkpoint

@@ -26,7 +26,7 @@ from .allocator import keep_freed_memory
 from .arguments import HELP_HINT, CommandLineError, explain, help_formatter, resolve_config_args
 from .callbacks import (NonFiniteLossError, PeriodicCheckpoint, Preemption, RandomState, ResumedEpochPosition,
                         SaveFinalState, StopOnNonFiniteLoss, checkpoint_dirs)
-from .checkpoint import AtomicCheckpointIO, CheckpointError, CheckpointWriteError, load_checkpoint, newest_checkpoint
+from .checkpoint import AtomicCheckpointIO, CheckpointError, CheckpointWriteError, load_checkpoint, resume_checkpoint
 
 # Every DataModule of the CLI is a SentenceDataModule, which restores its place in the epoch
 # itself (its state_dict); Lightning only knows stateful DataLoaders and would warn on every resume.
@@ -181,15 +181,15 @@ def check_output_dirs(trainer) -> None:
 def resolve_resume(ckpt_path: str | None, trainer, model) -> str | None:
     """The checkpoint ``fit`` resumes from, checked before any training.
 
-    ``last`` is the newest readable checkpoint in :func:`checkpoint_dirs` (a checkpoint truncated
-    by a crash is skipped), or None on a first run, so one command line (a SLURM script) serves
-    the first run and every requeued one. A path must be a whole checkpoint of the configured
+    ``last`` is the readable checkpoint in :func:`checkpoint_dirs` furthest into training (its highest step,
+    ``last.ckpt`` at a tie: ``harness.checkpoint.resume_checkpoint``), or None on a first run, so one command
+    line (a SLURM script) serves the first run and every requeued one. A path must be a whole checkpoint of the configured
     objective, with weights of the configured model's shapes.
     """
     if ckpt_path is None:
         return None
     if ckpt_path == "last":
-        found = newest_checkpoint(checkpoint_dirs(trainer))
+        found = resume_checkpoint(checkpoint_dirs(trainer))
         if found is None:
             rank_zero_info(f"--ckpt_path last: no checkpoint under {trainer.default_root_dir} yet; starting afresh")
             return None

@@ -17,23 +17,57 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from harness.checkpoint import AtomicCheckpointIO, CheckpointWriteError
 from lightning_modules.sts_regression import STSRegression
 
-FAULT_ENV = "SENTEMB_TEST_FAULT"  # "<signal name>@<global step>[:rank]", e.g. "SIGKILL@9" or "SIGKILL@2:1"
+# "<signal name>@[v]<global step>[:rank]": "SIGKILL@9" as the step after global step 9 starts, "SIGKILL@2:1" on
+# rank 1, "SIGKILL@v6" as a validation after global step 6 starts (an epoch-end validation, say)
+FAULT_ENV = "SENTEMB_TEST_FAULT"
+# "<global step>:<n>": the n-th save of last.ckpt at that global step fails as a full disk would
+FAIL_SAVE_ENV = "SENTEMB_TEST_FAIL_SAVE"
 
 
 class SignalAtStep(Callback):
-    """Send ``$SENTEMB_TEST_FAULT``'s signal to this process when a training step is about to start."""
+    """Send ``$SENTEMB_TEST_FAULT``'s signal to this process when a training step (or a validation) is about
+    to start."""
 
-    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
+    @staticmethod
+    def _fire(trainer: L.Trainer, at_validation: bool) -> None:
         fault = os.environ.get(FAULT_ENV)
         if not fault:
             return
         name, _, where = fault.partition("@")
         step, _, rank = where.partition(":")
-        if trainer.global_step == int(step) and trainer.global_rank == int(rank or 0):
+        if step.startswith("v") != at_validation:
+            return
+        if trainer.global_step == int(step.lstrip("v")) and trainer.global_rank == int(rank or 0):
             os.kill(os.getpid(), getattr(signal, name))
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._fire(trainer, at_validation=False)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "fit":
+            self._fire(trainer, at_validation=True)
+
+
+class FailingCheckpointIO(AtomicCheckpointIO):
+    """The project's checkpoint writer, except that the save named by ``$SENTEMB_TEST_FAIL_SAVE`` fails with
+    the error a full disk gives, before any byte is written (the previous file stays whole)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._saves: dict[int, int] = {}
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
+        fault = os.environ.get(FAIL_SAVE_ENV)
+        if fault and os.path.basename(str(path)) == "last.ckpt":
+            step = int(checkpoint["global_step"])
+            self._saves[step] = self._saves.get(step, 0) + 1
+            if fault == f"{step}:{self._saves[step]}":
+                raise CheckpointWriteError(f"cannot write checkpoint {path}: No space left on device")
+        super().save_checkpoint(checkpoint, path, storage_options)
 
 
 def row_fingerprints(batch: dict[str, Any]) -> list[str]:
