@@ -40,6 +40,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -151,6 +152,40 @@ def evaluate_command(args: argparse.Namespace, source: list[str], output: Path) 
     return command
 
 
+class Children:
+    """The cells' child processes, so that a preemption signal sent to this driver reaches them.
+
+    Under SLURM (``--launcher slurm``) each array task runs this driver for one cell; ``--signal=USR1@90`` and
+    ``scancel --signal=USR1`` reach the driver, which passes SIGUSR1 and SIGTERM on to its training run. The run
+    saves, requeues the array task and exits 0; the driver then stops without evaluating the unfinished cell,
+    and the requeued task resumes it.
+    """
+
+    def __init__(self) -> None:
+        self.live: set[subprocess.Popen] = set()
+        self.signalled: str | None = None
+
+    def install(self) -> None:
+        for signum in (signal.SIGUSR1, signal.SIGTERM):
+            signal.signal(signum, self._forward)
+
+    def _forward(self, signum: int, frame) -> None:
+        self.signalled = signal.Signals(signum).name
+        for child in list(self.live):
+            child.send_signal(signum)
+
+    def run(self, command: list[str], **kwargs) -> int:
+        child = subprocess.Popen(command, **kwargs)
+        self.live.add(child)
+        try:
+            return child.wait()
+        finally:
+            self.live.discard(child)
+
+
+CHILDREN = Children()
+
+
 def run_cell(args: argparse.Namespace, cell: Path, assignment: dict[str, str], seed: int) -> dict | None:
     """Train, evaluate and record one cell; None when it failed (its log says why)."""
     name = cell.relative_to(args.out)
@@ -178,7 +213,12 @@ def run_cell(args: argparse.Namespace, cell: Path, assignment: dict[str, str], s
             command = train_command(args, cell, overrides, seed)
             (cell / "command").write_text(shlex.join(command) + "\n")  # quoted: the logger's JSON holds spaces
             print(f"train {name}", flush=True)
-            if subprocess.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).returncode != 0:
+            code = CHILDREN.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+            if CHILDREN.signalled:
+                print(f"preempted {name} ({CHILDREN.signalled}): its run saved; a rerun (the requeued task) "
+                      "resumes it", flush=True)
+                raise SystemExit(0)
+            if code != 0:
                 print(f"FAILED {name}: see {cell / 'train.log'}", flush=True)
                 return None
             ckpt = (best_checkpoint if args.select == "best" else last_checkpoint)(cell / "train")
@@ -192,8 +232,10 @@ def run_cell(args: argparse.Namespace, cell: Path, assignment: dict[str, str], s
         partial.unlink(missing_ok=True)  # a stop during evaluation leaves this; evaluate again
         if args.dev_only:
             partial.write_text("{}\n")
-        elif subprocess.run(evaluate_command(args, source, partial), cwd=ROOT, env=env, stdout=log,
-                            stderr=subprocess.STDOUT).returncode != 0:
+        elif CHILDREN.run(evaluate_command(args, source, partial), cwd=ROOT, env=env, stdout=log,
+                          stderr=subprocess.STDOUT) != 0:
+            if CHILDREN.signalled:
+                raise SystemExit(0)  # the requeued task evaluates again
             print(f"FAILED evaluation of {name}: see {cell / 'train.log'}", flush=True)
             return None
     step = int(BEST_STEP.search(ckpt.name).group(1)) if ckpt is not None and args.select == "best" else None
@@ -271,6 +313,56 @@ def table(rows: dict[str, list[Path]]) -> str:
     return "\n".join(lines)
 
 
+def without(argv: list[str], flags: dict[str, bool]) -> list[str]:
+    """``argv`` without the options in ``flags`` (name -> whether it takes a value), in both spellings."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in flags:
+            skip = flags[name] and "=" not in arg
+            continue
+        out.append(arg)
+    return out
+
+
+def submit(args: argparse.Namespace, argv: list[str], cells: int) -> int:
+    """One job array of ``cells`` tasks (``--jobs`` at a time), each this command for its cell (``--task``), and
+    a job that writes the table once every task has ended. Each task's output: ``OUT/NAME/slurm/<array>_<task>.out``.
+
+    A task preempted before its time limit (``--signal=USR1@90``) saves, requeues itself and resumes; a task
+    that ends any other way leaves its cell as the log says, and a rerun of the grid (here or as an array)
+    continues from what finished."""
+    logs = args.out / "slurm"
+    logs.mkdir(parents=True, exist_ok=True)
+    base = without(argv, {"--launcher": True, "--wait": False, "--sbatch": True, "--jobs": True})
+    script = shlex.join([sys.executable, str(Path(__file__).resolve()), *base])
+    threads = str(args.threads or 1)
+    array = ["sbatch", "--parsable", f"--job-name=grid-{args.name}", f"--array=0-{cells - 1}%{max(1, args.jobs)}",
+             "--ntasks=1", f"--cpus-per-task={threads}", "--requeue", "--open-mode=append", "--signal=USR1@90",
+             f"--output={logs}/%A_%a.out", f"--chdir={ROOT}", *args.sbatch,
+             f"--wrap=srun --ntasks=1 {script} --task $SLURM_ARRAY_TASK_ID"]
+    found = subprocess.run(array, capture_output=True, text=True)
+    if found.returncode != 0:
+        print(f"error: sbatch refused the array: {found.stderr.strip()}", file=sys.stderr)
+        return 2
+    array_id = found.stdout.strip().split(";")[0]
+    table = ["sbatch", "--parsable", f"--job-name=grid-{args.name}-table", f"--dependency=afterany:{array_id}",
+             "--ntasks=1", f"--output={logs}/table-%j.out", f"--chdir={ROOT}", *args.sbatch,
+             f"--wrap={script} --table_only", *(["--wait"] if args.wait else [])]
+    print(f"submitted job array {array_id} ({cells} cell(s), {max(1, args.jobs)} at a time; logs in {logs})", flush=True)
+    done = subprocess.run(table, capture_output=True, text=True)
+    if done.returncode != 0 and not args.wait:
+        print(f"error: sbatch refused the table job: {done.stderr.strip()}", file=sys.stderr)
+        return 2
+    print(f"table job {done.stdout.strip() or '?'}: writes {args.out / 'table.md'} when the array ends", flush=True)
+    if args.wait:
+        print((args.out / "table.md").read_text() if (args.out / "table.md").exists() else "no table written")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--name", required=True, help="the grid's directory under --out")
@@ -294,6 +386,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=Path, default=records.RECORDS,
                         help="where each finished cell's record goes (default: results/ of the repository)")
     parser.add_argument("--table_only", action="store_true", help="print the table of what has finished; run nothing")
+    parser.add_argument("--launcher", default="local", choices=["local", "slurm"],
+                        help="local: run the cells here (--jobs at a time); slurm: submit one job array of one task "
+                             "per cell (--jobs at a time) and a job that prints the table once they end")
+    parser.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
+                        help="with --launcher slurm: an sbatch option for every cell, e.g. --sbatch=--partition=gpu "
+                             "--sbatch=--gpus-per-task=1 --sbatch=--time=4:00:00")
+    parser.add_argument("--wait", action="store_true", help="with --launcher slurm: return when the table job ends")
+    parser.add_argument("--task", type=int, default=None,
+                        help="run only the cell of this index (an array task of --launcher slurm)")
     args = parser.parse_args(argv)
     if bool(args.config) == bool(args.model):
         parser.error("give --config (cells that train) or --model (one cell that evaluates a model), not both")
@@ -314,7 +415,14 @@ def main(argv: list[str] | None = None) -> int:
             cell = args.out / label / f"seed{seed}"
             rows.setdefault(label, []).append(cell)
             jobs.append((cell, assignment, seed))
+    if args.launcher == "slurm" and not args.table_only:
+        return submit(args, argv if argv is not None else sys.argv[1:], len(jobs))
+    CHILDREN.install()
     outcomes = []
+    if args.task is not None:
+        if not 0 <= args.task < len(jobs):
+            parser.error(f"--task {args.task}: this grid has {len(jobs)} cell(s), 0 to {len(jobs) - 1}")
+        return 0 if run_cell(args, *jobs[args.task]) is not None else 1  # one cell; the table job prints the table
     if not args.table_only:
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
             outcomes = list(pool.map(lambda job: run_cell(args, *job), jobs))

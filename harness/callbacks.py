@@ -156,16 +156,18 @@ class Preempted(SystemExit):
 
 
 class Preemption(_AfterOptimizerSteps):
-    """On SIGTERM or SIGUSR1: finish the current step, write ``last.ckpt``, requeue the SLURM job
-    and exit with code 0. ``--ckpt_path last`` then resumes exactly where it stopped.
+    """On SIGUSR1 or SIGTERM: finish the current step, write ``last.ckpt`` and exit with code 0;
+    ``--ckpt_path last`` then resumes exactly where it stopped. On SIGUSR1 under SLURM the job is also
+    requeued (``scontrol requeue``).
 
-    SLURM sends SIGUSR1 ahead of the time limit with ``#SBATCH --signal=SIGUSR1@90``, and SIGTERM
-    when it preempts or cancels a job. The handler only raises a flag: the checkpoint is written
-    at the next step boundary, never halfway through an optimizer step, and all ranks agree on
-    the step (with gradient accumulation SIGUSR1 waits for the optimizer step; SIGTERM does not,
-    since Lightning stops after the batch). Under SLURM the job is requeued (``scontrol requeue``)
-    unless the cluster environment says ``auto_requeue: false``; this replaces Lightning's own
-    SIGUSR1 handler, which saves from inside the signal handler, mid-step.
+    SLURM sends SIGUSR1 ahead of the time limit with ``#SBATCH --signal=SIGUSR1@90`` (or on
+    ``scancel --signal=USR1``): the job asks to come back, so it is requeued, unless the cluster
+    environment says ``auto_requeue: false``. SIGTERM comes from ``scancel`` (the user ends the job: it
+    is not requeued) or from a preemption (``PreemptMode=REQUEUE`` requeues the job itself). The handler
+    only raises a flag: the checkpoint is written at the next step boundary, never halfway through an
+    optimizer step, and all ranks agree on the step (with gradient accumulation SIGUSR1 waits for the
+    optimizer step; SIGTERM does not, since Lightning stops after the batch). This replaces Lightning's
+    own SIGUSR1 handler, which saves from inside the signal handler, mid-step.
     """
 
     def __init__(self) -> None:
@@ -204,12 +206,12 @@ class Preemption(_AfterOptimizerSteps):
         if isinstance(exception, SIGTERMException) and trainer.world_size == 1 \
                 and self._saved_step != trainer.global_step:
             path = save_last(trainer)
-            self._report(trainer, "SIGTERM", path, self._requeue(trainer))
+            self._report(trainer, "SIGTERM", path, None)
 
     def _stop(self, trainer: L.Trainer, name: str) -> None:
         path = save_last(trainer)
         self._saved_step = trainer.global_step
-        self._report(trainer, name, path, self._requeue(trainer))
+        self._report(trainer, name, path, self._requeue(trainer) if name == "SIGUSR1" else None)
         raise Preempted(0)
 
     @staticmethod

@@ -31,24 +31,46 @@ from .checkpoint import AtomicCheckpointIO, CheckpointError, CheckpointWriteErro
 # Every DataModule of the CLI is a SentenceDataModule, which restores its place in the epoch
 # itself (its state_dict); Lightning only knows stateful DataLoaders and would warn on every resume.
 warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
+# Every rank scores the whole dev set and logs the same figures: there is nothing to synchronise.
+warnings.filterwarnings("ignore", message=r"It is recommended to use `self.log\('val/")
 
 
 class SaveConfig(SaveConfigCallback):
-    """Lightning's SaveConfigCallback (never overwrites a run's ``config.yaml``), except that a run
-    may find its own, identical config there: a requeued SLURM job keeps its job id, so Lightning
-    logs it into the same version directory, and it continues that run."""
+    """Lightning's SaveConfigCallback (never overwrites a run's ``config.yaml``), except that a run may find
+    its own config there: a requeued SLURM job keeps its job id, so Lightning logs it into the same version
+    directory, and it continues that run. The same config: nothing is written. The same config on another
+    device layout (a job requeued with another task count): ``config.yaml`` stays the first run's, and this
+    run's is kept beside it as ``config-restart<N>.yaml``. Anything else is refused, as Lightning does."""
+
+    LAYOUT_KEYS = ("devices", "num_nodes")  # of trainer: what a requeue may change and the run continue
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if not self.already_saved and self.save_to_log_dir and not self.overwrite:
             path = os.path.join(trainer.log_dir, self.config_filename)  # log_dir: every rank takes part
-            same = False
+            verdict = None
             if trainer.is_global_zero and os.path.isfile(path):
                 with open(path) as f:
-                    same = yaml.safe_load(f) == yaml.safe_load(self.parser.dump(self.config, skip_none=False))
-            if trainer.strategy.broadcast(same):
+                    saved = yaml.safe_load(f)
+                mine = yaml.safe_load(self.parser.dump(self.config, skip_none=False))
+                verdict = "same" if saved == mine else "layout" if self._layout_only(saved, mine) else None
+                if verdict == "layout":
+                    n = 1
+                    while os.path.exists(os.path.join(trainer.log_dir, f"config-restart{n}.yaml")):
+                        n += 1
+                    with open(os.path.join(trainer.log_dir, f"config-restart{n}.yaml"), "w") as f:
+                        yaml.safe_dump(mine, f, sort_keys=False)
+            if trainer.strategy.broadcast(verdict) is not None:
                 self.already_saved = True
                 return
         super().setup(trainer, pl_module, stage)
+
+    @classmethod
+    def _layout_only(cls, saved: dict, mine: dict) -> bool:
+        def without_layout(config: dict) -> dict:
+            trainer = {k: v for k, v in (config.get("trainer") or {}).items() if k not in cls.LAYOUT_KEYS}
+            return {**config, "trainer": trainer}
+
+        return without_layout(saved) == without_layout(mine)
 
 
 class SentenceCLI(LightningCLI):

@@ -118,3 +118,14 @@ class NonFiniteAtStep(STSRegression):
         if self.trainer.global_step == self.bad_step:
             loss = loss * self.bad_value
         return loss, {**logs, "mse_part": loss.detach()}
+
+
+class SlowSteps(Callback):
+    """Sleep after every training step, so a signal sent from outside (scancel) lands inside training."""
+
+    def __init__(self, seconds: float = 0.2) -> None:
+        self.seconds = seconds
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        time.sleep(self.seconds)

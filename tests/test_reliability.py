@@ -213,19 +213,6 @@ def test_killed_run_resumed_twice_sees_every_example_once_and_ends_identical(tmp
 
 
 # -- 2. preemption signals -------------------------------------------------------------------------------
-def fake_slurm(tmp_path: Path) -> dict:
-    """A SLURM allocation of one task, with an ``scontrol`` that records what it is asked to do."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    scontrol = bin_dir / "scontrol"
-    scontrol.write_text('#!/bin/sh\necho "$@" >> "$(dirname "$0")/scontrol.log"\n')
-    scontrol.chmod(0o755)
-    return {"SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1", "SLURM_JOB_NAME": "train", "SLURM_JOB_ID": "4242",
-            "SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost",
-            "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-
-
-@pytest.mark.slow
 def test_sigterm_saves_the_step_in_flight_and_exits_zero(tmp_path, tiny_model_dir, fixtures_dir):
     config = run_config(tmp_path, tiny_model_dir, fixtures_dir, record=False)
     result = train_script(config, fault="SIGTERM@3")  # arrives during the 4th step
@@ -235,22 +222,7 @@ def test_sigterm_saves_the_step_in_flight_and_exits_zero(tmp_path, tiny_model_di
     assert torch.load(last, weights_only=True)["global_step"] == 4
 
 
-@pytest.mark.slow
-def test_slurm_sigusr1_saves_requeues_and_the_requeued_job_resumes(tmp_path, tiny_model_dir, fixtures_dir,
-                                                                    monkeypatch, caplog):
-    # What #SBATCH --signal=SIGUSR1@90 does before the time limit, and SLURM's requeue after it.
-    config = run_config(tmp_path, tiny_model_dir, fixtures_dir, record=False)
-    slurm = fake_slurm(tmp_path)
-    first = train_script(config, "--ckpt_path", "last", fault="SIGUSR1@3", env=slurm)
-    assert first.returncode == 0, first.stderr[-3000:]
-    assert "preempted (SIGUSR1) after step 4" in first.stderr and "requeued SLURM job 4242" in first.stderr
-    assert (tmp_path / "bin" / "scontrol.log").read_text() == "requeue 4242\n"
-    for key, value in slurm.items():  # the requeued job: the same job id, the same command (run here)
-        monkeypatch.setenv(key, value)
-    cli = train.main(["--config", config, *FAST, "--ckpt_path", "last"])
-    assert re.search(r"resuming from \S+/version_4242/checkpoints/last.ckpt \(step 4\)", caplog.text)
-    [last] = checkpoints(tmp_path, "last.ckpt")  # it continues its own run directory
-    assert cli.trainer.global_step == 10 and torch.load(last, weights_only=True)["global_step"] == 10
+# SIGUSR1 under a real scheduler (the save, the requeue and the resumed job): tests/test_slurm.py
 
 
 # -- 3. killed while writing a checkpoint (a full disk and a file-size limit: tests/test_faults_real.py) -----
