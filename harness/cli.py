@@ -26,6 +26,7 @@ from .allocator import keep_freed_memory
 from .arguments import HELP_HINT, CommandLineError, explain, help_formatter, resolve_config_args
 from .callbacks import (NonFiniteLossError, PeriodicCheckpoint, Preemption, RandomState, ResumedEpochPosition,
                         SaveFinalState, StopOnNonFiniteLoss, checkpoint_dirs)
+from .config_files import check_config_files
 from .checkpoint import AtomicCheckpointIO, CheckpointError, CheckpointWriteError, load_checkpoint, resume_checkpoint
 
 # Every DataModule of the CLI is a SentenceDataModule, which restores its place in the epoch
@@ -116,16 +117,23 @@ configs from any directory (`sentemb-configs` lists them). A key that does not e
         )
 
     def parse_arguments(self, parser, args) -> None:
+        argv = sys.argv[1:] if args is None else list(args)
+        # every --config file's keys and class paths first: jsonargparse names neither file nor key for them
+        check_config_files(argv, {str(k) for k in parser.get_defaults().keys()},
+                           {"model": SentenceEmbeddingModule, "data": SentenceDataModule})
+        printing = [a for a in argv if a.split("=", 1)[0] == "--print_config"]
+        checked = [a for a in argv if a not in printing]  # what a run would parse (explain() parses it again)
         try:
+            if printing:  # jsonargparse prints before it checks: check the same command line first
+                parser.parse_args(checked)
             super().parse_arguments(parser, args)
         except ArgumentError as err:
-            argv = sys.argv[1:] if args is None else list(args)
-            raise CommandLineError(explain(err, argv, parser.parse_args)) from None
+            raise CommandLineError(explain(err, checked, parser.parse_args)) from None
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--ckpt_path", type=Optional[str], default=None,
-                            help="checkpoint to resume from; 'last' = the newest readable checkpoint of this "
-                                 "default_root_dir's runs (none yet: start from scratch)")
+                            help="checkpoint to resume from; 'last' = the checkpoint of this default_root_dir's runs "
+                                 "furthest into training (none yet: start from scratch)")
         parser.add_argument("--validate_first", type=bool, default=True,
                             help="validate the start model before training (the step-0 point of every val/ curve)")
         parser.add_argument("--ddp_timeout_minutes", type=float, default=15.0,

@@ -21,6 +21,7 @@ from encoders.sentence import Pooling, SentenceEncoder
 from encoders.st_format import check_export_dir, check_exportable
 from .arguments import CommandLineError, explain, help_formatter
 from .cli import exit_on_user_error
+from .config_files import check_config_files
 from .export import export_run
 from .sts_eval import evaluate_sts, format_table
 from .transfer import TRANSFER_TASKS, evaluate_transfer, find_downstream, format_transfer_table, task_paths
@@ -150,6 +151,7 @@ def _run_cli(args: list[str] | None) -> None:
     parser.add_argument("--config", action=ActionConfigFile, help="options from a YAML file")
     parser.add_function_arguments(evaluate, as_positional=False)
     argv = sys.argv[1:] if args is None else list(args)
+    check_config_files(argv, {str(k) for k in parser.get_defaults().keys()}, {})
     try:
         config = parser.parse_args(argv)
     except ArgumentError as err:

@@ -72,3 +72,94 @@ def test_help_opens_with_the_project_examples(capsys):
 def test_evaluate_refuses_abbreviations_and_names_the_option(capsys):
     lines = errors_of(evaluate.main, ["--mod", "x", "--sts_dir", "tests/fixtures/sts"], capsys)
     assert lines == ["error: unknown option --mod; did you mean --model?", "(run with --help for every option)"]
+
+
+# -- the same typos written in a config file -----------------------------------------------------------------
+@pytest.mark.parametrize("overlay, line, message", [
+    ("trainer:\n  max_step: 10\n", 2, "unknown key trainer.max_step; did you mean trainer.max_steps?"),
+    ("model:\n  init_args:\n    lrr: 1.0e-5\n", 3,
+     "unknown key model.init_args.lrr (STSRegression takes no 'lrr'); did you mean model.init_args.lr?"),
+    ("model:\n  init_args:\n    encoder:\n      init_args:\n        model_nme: x\n", 5,
+     "unknown key model.init_args.encoder.init_args.model_nme (SentenceEncoder takes no 'model_nme'); "
+     "did you mean model.init_args.encoder.init_args.model_name?"),
+    ("model:\n  class_path: lightning_modules.STSRegresion\n", 2,
+     "model.class_path: no class lightning_modules.STSRegresion; did you mean lightning_modules.STSRegression?"),
+    ("data:\n  class_path: datamodules.STSDataModule\n  init_args:\n    per_device_batch_sise: 8\n", 4,
+     "unknown key data.init_args.per_device_batch_sise (STSDataModule takes no 'per_device_batch_sise'); "
+     "did you mean data.init_args.per_device_batch_size?"),
+], ids=["trainer", "model", "encoder", "class_path", "data"])
+def test_a_config_file_typo_names_the_file_line_key_and_nearest(tmp_path, capsys, overlay, line, message):
+    path = tmp_path / "overlay.yaml"
+    path.write_text(overlay)
+    lines = errors_of(train.main, ["--config", "configs/quickstart.yaml", "--config", str(path)], capsys)
+    assert lines == [f"error: {path}:{line}: {message}", "(run with --help for every option)"]
+
+
+def test_print_config_refuses_what_a_run_refuses(tmp_path, capsys):
+    path = tmp_path / "overlay.yaml"
+    path.write_text("trainer:\n  precison: 32\n")
+    lines = errors_of(train.main, ["--config", "configs/quickstart.yaml", "--config", str(path), "--print_config"],
+                      capsys)
+    assert lines[0] == f"error: {path}:2: unknown key trainer.precison; did you mean trainer.precision?"
+    lines = errors_of(train.main, ["--config", "configs/quickstart.yaml", "--print_config", "--trainer.precison",
+                                   "32"], capsys)
+    assert lines[0] == "error: unknown option --trainer.precison; did you mean --trainer.precision?"
+
+
+def test_a_class_path_typo_on_the_command_line_names_the_nearest_class(capsys):
+    lines = errors_of(train.main, ["--config", "configs/quickstart.yaml", "--model", "lightning_modules.MNRR"],
+                      capsys)
+    assert lines[0] == ("error: the command line: model.class_path: no class lightning_modules.MNRR; did you mean "
+                        "lightning_modules.MNR?")
+
+
+def test_the_file_check_refuses_only_what_the_parser_refuses():
+    """Every paper config, alone and under each overlay: where jsonargparse accepts the merged configs, the file
+    check does too (it refuses nothing that trains); where the check refuses, the parser refuses as well."""
+    from argparse import ArgumentError
+
+    from datamodules import SentenceDataModule
+    from harness.arguments import CommandLineError
+    from harness.cli import SentenceCLI
+    from harness.config_files import check_config_files
+    from lightning_modules.base import SentenceEmbeddingModule
+
+    found = {}
+
+    class Parser(SentenceCLI):
+        def parse_arguments(self, parser, args):
+            found["parser"] = parser
+            raise SystemExit(0)
+
+    with pytest.raises(SystemExit):
+        Parser(args=["--config", "configs/quickstart.yaml"])
+    parser = found["parser"]
+    keys = {str(k) for k in parser.get_defaults().keys()}
+    root = shipped_config_dir()
+    papers = [c for c in shipped_configs() if "/" not in c]
+    overlays = [c for c in shipped_configs() if "/" in c]
+    subclasses = {"model": SentenceEmbeddingModule, "data": SentenceDataModule}
+    accepted = 0
+    for paper in papers:
+        for overlay in [None, *overlays]:
+            argv = ["--config", str(root / paper)] + (["--config", str(root / overlay)] if overlay else [])
+            try:
+                parser.parse_args(argv)
+                parses = True
+            except ArgumentError:
+                parses = False
+            try:
+                check_config_files(argv, keys, subclasses)
+                checked = True
+            except CommandLineError:
+                checked = False
+            assert checked or not parses, (paper, overlay)
+            accepted += parses
+    assert accepted > len(papers)  # the papers alone and many overlay pairs parse
+
+
+def test_an_evaluate_config_file_typo_names_the_file_and_the_nearest(tmp_path, capsys):
+    path = tmp_path / "evaluate.yaml"
+    path.write_text("precision: bf16\nsts_dri: data/sts\n")
+    lines = errors_of(evaluate.main, ["--config", str(path), "--model", "x"], capsys)
+    assert lines[0] == f"error: {path}:2: unknown key sts_dri; did you mean sts_dir?"
