@@ -21,10 +21,10 @@ install: $(STAMP)
 quickstart: $(STAMP)
 	$(PYTHON) train.py --config configs/quickstart.yaml
 	@ckpt="$$(ls -t runs/quickstart/lightning_logs/*/checkpoints/best-*.ckpt | head -n 1)"; \
-	echo "$(PYTHON) evaluate.py --sts_dir tests/fixtures/sts --ckpt_path $$ckpt"; \
-	$(PYTHON) evaluate.py --sts_dir tests/fixtures/sts --ckpt_path "$$ckpt" && \
+	echo "$(PYTHON) evaluate.py --sts_dir configs/quickstart --ckpt_path $$ckpt"; \
+	$(PYTHON) evaluate.py --sts_dir configs/quickstart --ckpt_path "$$ckpt" && \
 	echo "" && \
-	echo "This table was computed on the fixture sample (tests/fixtures/sts, a few dozen pairs per task):" && \
+	echo "This table was computed on the sample rows (configs/quickstart, a few dozen pairs per task):" && \
 	echo "it shows that the pipeline runs, and is not comparable with the papers' figures." && \
 	echo "To score this model on the real STS data (SentEval's STS data from the hub, or --sts_dir DIR):" && \
 	echo "  python evaluate.py --ckpt_path $$ckpt" && \

@@ -1,10 +1,26 @@
-"""DataModules: one per data family, sharing tokenization, batching and STS validation."""
-from .base import SentenceDataModule
-from .film import FILMDataModule
-from .io import DataError
-from .nli import NLIDataModule
-from .sts import STS_TASKS, STSDataModule, load_sts_pairs, load_sts_task, sts_task_files
-from .wiki import WikiDataModule
+"""DataModules: one per data family, sharing tokenization, batching and STS validation.
 
-__all__ = ["DataError", "FILMDataModule", "NLIDataModule", "STSDataModule", "STS_TASKS", "SentenceDataModule",
-           "WikiDataModule", "load_sts_pairs", "load_sts_task", "sts_task_files"]
+Imports are lazy (PEP 562): ``datamodules.paths`` is usable without loading datasets and torch.
+"""
+import importlib
+
+_EXPORTS = {
+    "SentenceDataModule": "base",
+    "FILMDataModule": "film",
+    "DataError": "io",
+    "NLIDataModule": "nli",
+    "STS_TASKS": "sts",
+    "STSDataModule": "sts",
+    "load_sts_pairs": "sts",
+    "load_sts_task": "sts",
+    "sts_task_files": "sts",
+    "WikiDataModule": "wiki",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

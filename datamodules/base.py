@@ -15,6 +15,7 @@ from encoders.padding import pad_token_ids
 
 from .batching import PadCollator, SentenceBatchSampler
 from .io import DataError, fetch_hub_file, is_hub_file, quiet_progress, token_counts
+from encoders.paths import data_path
 from .scored import DevSet, load_sts_pairs
 
 log = logging.getLogger(__name__)
@@ -127,11 +128,12 @@ class SentenceDataModule(L.LightningDataModule):
     def validation_sources(self) -> dict[str, str]:
         sources: dict[str, str] = dict(self.val_sources)  # data.sts_dir, when given, wins per name
         if self.sts_dir is not None:
-            stsb = os.path.join(self.sts_dir, "stsb.dev.tsv")
+            sts_dir = data_path(self.sts_dir)
+            stsb = os.path.join(sts_dir, "stsb.dev.tsv")
             if not os.path.isfile(stsb):
                 raise DataError(f"{stsb}: data file not found (data.sts_dir must hold stsb.dev.tsv)")
             sources["stsb"] = stsb
-            sick = os.path.join(self.sts_dir, "sickr.dev.tsv")
+            sick = os.path.join(sts_dir, "sickr.dev.tsv")
             if os.path.isfile(sick):
                 sources["sickr"] = sick
         return sources

@@ -40,6 +40,8 @@ from encoders.hub import hub_offline as _hub_offline
 from encoders.hub import hub_unreachable_reason as _hub_unreachable_reason
 from encoders.hub import is_unreachable_error as _unreachable
 
+from encoders.paths import data_path
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -173,7 +175,9 @@ def _check_field_counts(path: str, delimiter: str, expected: int) -> None:
 
 
 def load_source(source: str, text_column: str = "text") -> datasets.Dataset:
-    """Load one source as a ``datasets.Dataset`` (no validation beyond the file's own syntax)."""
+    """Load one source as a ``datasets.Dataset`` (no validation beyond the file's own syntax); ``${SENTEMB_DATA}``
+    in it is the data root (``data_path``)."""
+    source = data_path(source)
     if is_hub_file(source):
         if _kind(source) is None:
             raise DataError(f"{source}: unknown file type; use one of {', '.join(sorted(LOCAL_SUFFIXES))}")

@@ -28,6 +28,7 @@ import datasets
 
 from .base import SentenceDataModule
 from .io import DataError, fetch_hub_file
+from encoders.paths import data_path
 from .scored import load_sts_pairs
 
 STS_TASKS = ("sts12", "sts13", "sts14", "sts15", "sts16", "stsb", "sickr")
@@ -83,6 +84,7 @@ def sts_layout(sts_dir: str) -> tuple[Literal["tsv", "senteval"], str]:
     """The layout of an evaluation directory, and the folder to read: ``("tsv", sts_dir)``, or
     ``("senteval", <SentEval's data/downstream/>)`` when ``sts_dir`` is that folder, its parent
     ``data/``, the SentEval clone or a SimCSE clone. TSV files in ``sts_dir`` itself win."""
+    sts_dir = data_path(sts_dir)
     if not os.path.isdir(sts_dir):
         raise DataError(f"{sts_dir}: STS directory not found")
     if _has_tsv_layout(sts_dir):

@@ -19,6 +19,8 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
+from .paths import data_path
+
 OFFLINE_MODEL_NAMES = ("sentence-transformers/all-MiniLM-L6-v2", "all-MiniLM-L6-v2")
 OFFLINE_MODEL_SHA256 = "53aa51172d142c89d9012cce15ae4d6cc0ca6895895114379cacb4fab128d9db"
 
@@ -29,6 +31,10 @@ class ModelResolutionError(ValueError):
 
 OFFLINE_WAYS = ("to work offline, set HF_HUB_OFFLINE=1 (files already in the Hugging Face cache are used), "
                 "add a configs/overlays/offline_*.yaml overlay, or give a local path")
+# HF_HUB_OFFLINE is set and the cache has no copy: where to get one
+STAGE_WAYS = ("stage it where the hub can be reached (`python stage.py --config CONFIG --root DIR`, or "
+              "`sentemb-stage`, writes the config's model and data and an overlay that reads them), use a "
+              "configs/overlays/offline_*.yaml overlay, or give a local path")
 
 
 def hub_offline() -> bool:
@@ -135,13 +141,17 @@ def verified_offline_copy(expected_sha256: str = OFFLINE_MODEL_SHA256) -> Path |
 def resolve_model_name(name: str) -> str:
     """Return what ``from_pretrained`` should load for ``name``.
 
-    An existing directory is returned as is; a path-like name that does not exist is an error
-    (a typo must not turn into a hub request); the offline model name resolves to the verified
-    package copy when installed. A hub name stays one while the hub can be reached or
-    HF_HUB_OFFLINE is set; with the hub unreachable it resolves to the cache's copy, and without
-    one it is an error within seconds.
+    An existing directory is returned as is when it holds a model (``config.json`` or ``modules.json``); a
+    path-like name that does not exist is an error (a typo must not turn into a hub request); the offline
+    model name resolves to the verified package copy when installed. With HF_HUB_OFFLINE set, a hub name
+    resolves to the cache's copy, and without one it is an error naming the ways to get one (``STAGE_WAYS``).
+    A hub name stays one while the hub can be reached; with the hub unreachable it resolves to the cache's
+    copy, and without one it is an error within seconds.
     """
+    name = data_path(name)  # ${SENTEMB_DATA}/models/... of a staged overlay
     if os.path.isdir(name):
+        if not any(os.path.isfile(os.path.join(name, f)) for f in ("config.json", "modules.json")):
+            raise ModelResolutionError(f"{name}: not a model directory (no config.json or modules.json)")
         return name
     if looks_like_path(name):
         raise ModelResolutionError(f"no such model directory: {name}")
@@ -149,14 +159,19 @@ def resolve_model_name(name: str) -> str:
         local = verified_offline_copy()
         if local is not None:
             return str(local)
-    if not hub_offline():
-        from huggingface_hub import constants
+    if hub_offline():
+        cached = _cached_snapshot(name)
+        if cached is None:
+            raise ModelResolutionError(f"model {name!r}: HF_HUB_OFFLINE is set and the Hugging Face cache has no copy; "
+                                       f"{STAGE_WAYS}")
+        return cached
+    from huggingface_hub import constants
 
-        reason = hub_unreachable_reason(constants.ENDPOINT)
-        if reason is not None:
-            cached = _cached_snapshot(name)
-            if cached is not None:
-                return cached
-            raise ModelResolutionError(f"model {name!r}: the Hugging Face hub cannot be reached ({reason}) and its "
-                                       f"cache has no copy; {OFFLINE_WAYS}")
-    return name
+    reason = hub_unreachable_reason(constants.ENDPOINT)
+    if reason is None:
+        return name
+    cached = _cached_snapshot(name)
+    if cached is None:
+        raise ModelResolutionError(f"model {name!r}: the Hugging Face hub cannot be reached ({reason}) and its "
+                                   f"cache has no copy; {OFFLINE_WAYS}")
+    return cached

@@ -28,8 +28,10 @@ Devices: every visible CUDA device (``devices: auto``; ``strategy: ddp`` when th
 per-device batch divided so that the global batch, and with it the in-batch negatives and the step count,
 stays the paper's); one CPU device otherwise. Overlays and ``--set`` come after these and win.
 
-Bad input ends with one ``error:`` line and exit code 2; a training step that fails or stops early (a
-preemption) with one ``error:`` line naming its log, and a non-zero code: the same command then resumes it.
+Bad input ends with one ``error:`` line and exit code 2, also when a training step refuses its input (its
+own error line is repeated: a rerun cannot fix it). A step that stops for a reason (a NaN loss, a checkpoint it
+cannot write) ends with its error line and code 3; a step killed or preempted with one ``error:`` line naming
+its log and a non-zero code: the same command then resumes it.
 """
 from __future__ import annotations
 
@@ -203,7 +205,7 @@ def run_training(command: list[str], log_path: Path) -> dict:
                                  bufsize=1, env=dict(os.environ, PYTHONUNBUFFERED="1"))  # lines as they come
         previous = {s: signal.signal(s, lambda signum, frame: child.send_signal(signum))
                     for s in (signal.SIGTERM, signal.SIGUSR1)}
-        best = None
+        best, error = None, None
         try:
             for line in child.stdout:
                 sys.stdout.write(line)
@@ -213,13 +215,21 @@ def run_training(command: list[str], log_path: Path) -> dict:
                 match = BEST_LINE.match(line)
                 if match:
                     best = match.groupdict()
+                if line.startswith("error: "):
+                    error = line.strip().removeprefix("error: ")
             code = child.wait()
         finally:
             for s, handler in previous.items():
                 if handler is not None:  # None: a handler not installed from Python, nothing to restore
                     signal.signal(s, handler)
+    if code == 2:  # train.py refused its input: a rerun of the same command meets the same refusal
+        stop(f"training refused its input: {error or 'see the log'} (log: {log_path}); fix that, then rerun", 2)
+    if code == 3:  # it started and stopped for a reason (a NaN loss, a checkpoint it could not write)
+        stop(f"training stopped: {error or 'see the log'} (log: {log_path}); once the cause is fixed, the same "
+             "command resumes from the last checkpoint", 3)
     if code != 0:
-        stop(f"training failed (exit {code}); see {log_path}. The same command resumes it.", code)
+        how = f"was killed by signal {-code}" if code < 0 else f"failed (exit {code})"
+        stop(f"training {how}; see {log_path}. The same command resumes it.", code)
     if best is None:
         stop(f"training stopped before its end (preempted?); see {log_path}. The same command resumes it.", 3)
     if not best["path"] or not os.path.isfile(best["path"]):

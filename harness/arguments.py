@@ -10,8 +10,9 @@ import difflib
 import os
 import re
 from argparse import ArgumentError, RawDescriptionHelpFormatter
-from pathlib import Path
 from typing import Callable, Sequence
+
+from encoders.paths import shipped_config_dir  # noqa: F401  (the folder also holds the quickstart rows)
 
 HELP_HINT = "(run with --help for every option)"
 
@@ -28,18 +29,6 @@ def help_formatter():
 
 class CommandLineError(ValueError):
     """An argument the command line does not accept, explained in one line."""
-
-
-def shipped_config_dir() -> Path | None:
-    """The folder of the shipped configs: the clone's ``configs/``, else the installed package's."""
-    clone = Path(__file__).resolve().parent.parent / "configs"
-    if clone.is_dir():
-        return clone
-    try:
-        import sentemb_configs
-    except ImportError:
-        return None
-    return Path(sentemb_configs.__file__).parent
 
 
 def shipped_configs() -> list[str]:

@@ -66,20 +66,33 @@ def save_last(trainer: L.Trainer) -> str:
 
 
 class SaveFinalState(Callback):
-    """Write ``last.ckpt`` when training ends between two validations.
+    """Write ``last.ckpt`` when training ends between two validations, or before its first one.
 
-    ModelCheckpoint saves after each validation; a run that stops at ``max_steps`` between two
-    of them would otherwise lose its final steps.
+    ModelCheckpoint saves after each validation; a run that stops at ``max_steps`` between two of them would
+    otherwise lose its final steps (with ``checkpoint.save_last``). A run that ends before its first
+    validation has no best checkpoint and, without this, no checkpoint at all: it gets ``last.ckpt`` whatever
+    ``save_last`` says, and says so in one line (``ended_before_validation`` is then its path).
     """
+
+    def __init__(self) -> None:
+        self.ended_before_validation: str | None = None
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         checkpoint = trainer.checkpoint_callback
-        if not isinstance(checkpoint, ModelCheckpoint) or not checkpoint.save_last or checkpoint.dirpath is None:
+        if not isinstance(checkpoint, ModelCheckpoint) or checkpoint.dirpath is None:
             return
+        never_validated = not checkpoint.best_model_path and not checkpoint.last_model_path
         # No public hook says at which step ModelCheckpoint last saved; this attribute is where it keeps it.
-        if checkpoint._last_global_step_saved == trainer.global_step:
+        if checkpoint._last_global_step_saved == trainer.global_step and not never_validated:
             return
-        save_last(trainer)
+        if checkpoint.save_last or never_validated:
+            path = save_last(trainer)
+            if never_validated:
+                self.ended_before_validation = path
+                if trainer.is_global_zero:
+                    print(f"the run ended at step {trainer.global_step}, before its first validation (none of its "
+                          f"{checkpoint.monitor} figures exist, so no best checkpoint); saved {path}",
+                          file=sys.stderr, flush=True)
 
 
 class _AfterOptimizerSteps(Callback):

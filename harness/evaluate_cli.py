@@ -136,6 +136,16 @@ def evaluate(
     return results
 
 
+EXAMPLES = """\
+examples:
+  {prog} --ckpt_path runs/X/lightning_logs/version_0/checkpoints/best-step900-stsb85.10.ckpt --output results.json
+  {prog} --model sentence-transformers/all-MiniLM-L6-v2 --tasks all
+  # without the hub: the evaluation sets of the data root (docs/DATA.md), which stage.py writes
+  HF_HUB_OFFLINE=1 {prog} --model sentence-transformers/all-MiniLM-L6-v2 --sts_dir $SENTEMB_DATA/sts \\
+      --tasks all --transfer_dir $SENTEMB_DATA/senteval
+"""
+
+
 def main(args: list[str] | None = None) -> None:
     """``python evaluate.py ...`` / ``sentemb-evaluate ...``: options as ``evaluate``'s arguments; an
     unknown or abbreviated option is one error line, as in train.py."""
@@ -146,8 +156,10 @@ def main(args: list[str] | None = None) -> None:
 def _run_cli(args: list[str] | None) -> None:
     from jsonargparse import ActionConfigFile, ArgumentParser
 
-    parser = ArgumentParser(prog="evaluate.py", exit_on_error=False, allow_abbrev=False,
-                            description=(evaluate.__doc__ or "").split("\n\n")[0], formatter_class=help_formatter())
+    prog = os.path.basename(sys.argv[0]) or "evaluate.py"
+    parser = ArgumentParser(prog=prog, exit_on_error=False, allow_abbrev=False,
+                            description=(evaluate.__doc__ or "").split("\n\n")[0] + "\n\n" + EXAMPLES.format(prog=prog),
+                            formatter_class=help_formatter())
     parser.add_argument("--config", action=ActionConfigFile, help="options from a YAML file")
     parser.add_function_arguments(evaluate, as_positional=False)
     argv = sys.argv[1:] if args is None else list(args)

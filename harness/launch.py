@@ -87,13 +87,37 @@ def _is_hub_data(source: str) -> bool:
     return not os.path.exists(source) and not source.lower().endswith(LOCAL_SUFFIXES)
 
 
+PATH_KEYS = (*DATA_KEYS, "sts_dir")  # where a config names local data, maybe under ${SENTEMB_DATA}
+
+
+def unfilled_placeholder(paths: Iterable[str]) -> str | None:
+    """The error of a path under ``${SENTEMB_DATA}`` while that variable is not set (``encoders.paths``)."""
+    from encoders.paths import PathError, data_path
+
+    for path in paths:
+        try:
+            data_path(path)
+        except PathError as err:
+            return str(err)
+    return None
+
+
 def missing_model_path(names: Iterable[str]) -> str | None:
-    """The error of a model named by a local-looking path that does not exist (never a hub id)."""
+    """The error of a model named by a local-looking path that does not exist (never a hub id), or by a folder
+    that holds no model."""
     from encoders.hub import looks_like_path
+    from encoders.paths import PathError, data_path
 
     for name in names:  # a missing *.ckpt start is the checkpoint loader's to name
-        if looks_like_path(name) and not name.endswith(".ckpt") and not os.path.exists(os.path.expanduser(name)):
+        try:
+            name = data_path(name)
+        except PathError as err:
+            return str(err)
+        path = os.path.expanduser(name)
+        if looks_like_path(name) and not name.endswith(".ckpt") and not os.path.exists(path):
             return f"no such model directory: {name}"
+        if os.path.isdir(path) and not any(os.path.isfile(os.path.join(path, f)) for f in ("config.json", "modules.json")):
+            return f"{name}: not a model directory (no config.json or modules.json)"
     return None
 
 
@@ -105,7 +129,7 @@ def hub_error(args: Sequence[str]) -> str | None:
         config = _without_replaced_dev_sets(_merged_config(args))
     except Exception:  # unreadable: the full command line will say why
         return None
-    missing = missing_model_path(_values(config, MODEL_KEYS))
+    missing = missing_model_path(_values(config, MODEL_KEYS)) or unfilled_placeholder(_values(config, PATH_KEYS))
     if missing is not None:
         return missing
     if hub_offline():
@@ -188,6 +212,8 @@ def _needs_hub(model: str) -> bool:
     """A model name that only the hub (or its cache) can give: not a folder or path, not the verified offline copy."""
     from encoders.hub import OFFLINE_MODEL_NAMES, looks_like_path, verified_offline_copy
 
+    if "SENTEMB_" in model:  # a path under a placeholder (${SENTEMB_DATA}/models/...): never a hub id
+        return False
     return (not os.path.exists(model) and not looks_like_path(model)
             and not (model in OFFLINE_MODEL_NAMES and verified_offline_copy() is not None))
 
@@ -210,6 +236,53 @@ def _checked(check) -> None:
         sys.exit(2)
 
 
+TRAIN_HELP = """\
+usage: {prog} --config CONFIG [--config OVERLAY ...] [--KEY VALUE ...]
+
+Train any objective: a paper config, overlays merged after it in order, any key overridden. Each run gets its
+own directory under trainer.default_root_dir with the resolved config.yaml, TensorBoard logs and checkpoints.
+
+examples:
+  {prog} --config configs/sbert_sts_regression.yaml
+  {prog} --config configs/sbert_sts_regression.yaml --trainer.max_steps 200 --model.init_args.lr 3e-5
+  # without the hub: the offline model, the data root of docs/DATA.md, the CPU budget
+  export SENTEMB_DATA=/path/to/data HF_HUB_OFFLINE=1
+  {prog} --config configs/simcse_unsup.yaml --config configs/overlays/offline_wiki.yaml \\
+      --config configs/overlays/cpu_300_steps.yaml
+  # a config's model and data, staged where the hub answers, for nodes where it does not
+  python stage.py --config configs/simcse_unsup.yaml --root /shared/sentemb-data
+
+common options:
+  --config FILE                 a config; configs/NAME.yaml finds a shipped one from any folder
+  --trainer.max_steps N         or --trainer.max_epochs N
+  --trainer.precision P         32, bf16-mixed (GPUs, and CPUs with bf16 units), 16-mixed
+  --trainer.devices N           with --trainer.accelerator cpu|gpu and --trainer.strategy ddp
+  --trainer.default_root_dir D  where runs go (one experiment per folder)
+  --model.init_args.lr LR       the peak learning rate
+  --model.init_args.encoder.init_args.model_name NAME
+                                a hub id, a model folder, or a *.ckpt of this project to start from
+  --data.init_args.per_device_batch_size N
+                                examples per device and step (the global batch is this x devices)
+  --seed_everything N           the seed, and the batch order unless data.init_args.seed is set
+  --ckpt_path last              resume the run furthest into training (none yet: start from scratch)
+  --print_config                print the merged config and exit (a key that does not exist is refused)
+  --model.help CLASS            every option of one objective, e.g. --model.help SimCSE
+  --help_all                    every option of every group (several hundred lines)
+
+docs/TRAINING.md has every config's paper setting; docs/CLUSTER.md the SLURM scripts.
+"""
+
+
+def short_help(argv: list[str], text: str) -> list[str]:
+    """``-h``/``--help``: print ``text`` (the common options) and exit; ``--help_all``: the parser's full help."""
+    if "--help_all" in argv:
+        return ["--help" if a == "--help_all" else a for a in argv]
+    if "-h" in argv or "--help" in argv:
+        print(text.format(prog=os.path.basename(sys.argv[0]) or "train.py"))
+        sys.exit(0)
+    return argv
+
+
 def evaluate() -> None:
     """``sentemb-evaluate`` and ``python evaluate.py``: the hub check, then the full command line."""
     _checked(evaluate_hub_error)
@@ -219,7 +292,8 @@ def evaluate() -> None:
 
 
 def train() -> None:
-    """``sentemb-train`` and ``python train.py``: the hub check, then the full command line."""
+    """``sentemb-train`` and ``python train.py``: the short help, the hub check, then the full command line."""
+    sys.argv[1:] = short_help(sys.argv[1:], TRAIN_HELP)
     _checked(hub_error)
     from .train_cli import main
 

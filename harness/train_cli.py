@@ -19,7 +19,11 @@ def main(args: list[str] | None = None) -> SentenceCLI:
     if cli.trainer.is_global_zero:
         callback = cli.trainer.checkpoint_callback
         print(f"run directory:   {log_dir}")
-        print(f"best checkpoint: {callback.best_model_path} ({callback.monitor} = {float(callback.best_model_score or 0):.2f})")
+        if callback.best_model_path:
+            print(f"best checkpoint: {callback.best_model_path} ({callback.monitor} = "
+                  f"{float(callback.best_model_score or 0):.2f})")
+        else:  # it ended before its first validation (SaveFinalState said so and wrote last.ckpt)
+            print(f"last checkpoint: {callback.last_model_path or 'none'} (no validation ran, so no best one)")
         print(f"tensorboard:     tensorboard --logdir {log_dir}")
     # Tear the process group down before exit: left to interpreter shutdown, a DDP rank's gloo threads
     # could outlive it and abort the process ("terminate called without an active exception").

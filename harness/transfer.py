@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from datamodules.io import DataError
+from encoders.paths import data_path
 
 TRANSFER_TASKS = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")
 
@@ -86,6 +87,7 @@ PRESETS = {"test": ClassifierConfig(), "fast": ClassifierConfig("rmsprop", 128, 
 def find_downstream(data_dir: str, tasks: Sequence[str] = TRANSFER_TASKS) -> str:
     """The folder that holds the task folders: ``data_dir`` itself (SentEval's ``data/downstream``),
     or its ``downstream/`` (``data_dir`` is SentEval's ``data``), or its ``data/downstream``."""
+    data_dir = data_path(data_dir)
     candidates = [data_dir, os.path.join(data_dir, "downstream"), os.path.join(data_dir, "data", "downstream")]
     folders = [TASK_FILES[t][0] for t in tasks]
     for candidate in candidates:

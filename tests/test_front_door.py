@@ -147,9 +147,10 @@ def test_evaluate_names_a_missing_model_directory(tmp_path):
     assert result.stderr.strip().splitlines()[-1] == f"error: no such model directory: {tmp_path / 'my-encodr'}"
 
 
-def test_the_launch_check_finds_what_a_run_needs_from_the_hub(monkeypatch, tiny_model_dir):
+def test_the_launch_check_finds_what_a_run_needs_from_the_hub(monkeypatch, tiny_model_dir, tmp_path):
     from harness.launch import hub_error
 
+    monkeypatch.setenv("SENTEMB_DATA", str(tmp_path))  # the data root the offline overlays read
     monkeypatch.setattr(hub, "hub_offline", lambda: False)
     monkeypatch.setattr(hub, "hub_unreachable_reason", lambda endpoint: "no route")
     monkeypatch.setattr(hub, "_cached_snapshot", lambda repo_id: None)
@@ -176,14 +177,19 @@ def test_evaluate_check_answers_before_torch_is_imported(monkeypatch, tmp_path):
     monkeypatch.setattr(hub, "_cached_snapshot", lambda repo_id: None)
     check = launch.evaluate_hub_error
     typo = str(tmp_path / "models" / "my-encodr")
+    model = tmp_path / "model"  # a local model folder (its config.json is what marks it as one)
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    assert check(["--model", str(tmp_path), "--sts_dir", "x"]) == \
+        f"{tmp_path}: not a model directory (no config.json or modules.json)"
     assert check(["--model", typo, "--sts_dir", "x"]) == f"no such model directory: {typo}"
     assert check(["--model", "bert-base-uncased", "--sts_dir", "tests/fixtures/sts"]).startswith(
         "model 'bert-base-uncased': the Hugging Face hub cannot be reached (no route)")
-    assert check(["--model", str(tmp_path)]).startswith(f"{SENTEVAL_TAR} (the STS evaluation data): the Hugging "
+    assert check(["--model", str(model)]).startswith(f"{SENTEVAL_TAR} (the STS evaluation data): the Hugging "
                                                         "Face hub cannot be reached (no route); give --sts_dir DIR")
-    assert check(["--model", str(tmp_path), "--tasks=trec", "--transfer_dir", "x"]) is None  # no STS data needed
-    assert check(["--model", str(tmp_path), "--tasks", "stsb", "--transfer_dir", "x"]) is not None
-    assert check(["--model", str(tmp_path), "--sts_dir", "tests/fixtures/sts"]) is None
+    assert check(["--model", str(model), "--tasks=trec", "--transfer_dir", "x"]) is None  # no STS data needed
+    assert check(["--model", str(model), "--tasks", "stsb", "--transfer_dir", "x"]) is not None
+    assert check(["--model", str(model), "--sts_dir", "tests/fixtures/sts"]) is None
     assert check(["--ckpt_path", "run.ckpt", "--export", "out"]) is None
     monkeypatch.setattr(hub, "hub_offline", lambda: True)
     assert check(["--model", "bert-base-uncased"]) is None  # offline: the cache decides, in the run itself

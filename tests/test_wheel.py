@@ -91,3 +91,10 @@ def test_installed_entry_points_run_outside_the_clone(wheel, tmp_path, tiny_mode
     typo = run("sentemb-train", "--config", "configs/quickstart.yaml", "--trainer.max_step", "10")
     assert typo.returncode == 2
     assert typo.stderr.splitlines()[0] == "error: unknown option --trainer.max_step; did you mean --trainer.max_steps?"
+    # the quickstart, as a researcher runs it after `pip install`: its sample rows come with the package
+    quick = run("sentemb-train", "--config", "configs/quickstart.yaml", "--trainer.max_steps", "2",
+                "--trainer.precision", "32", "--model.init_args.encoder.init_args.model_name", tiny_model_dir,
+                "--trainer.default_root_dir", str(tmp_path / "quickstart"))
+    assert quick.returncode == 0, quick.stderr[-3000:]
+    assert list((tmp_path / "quickstart").glob("lightning_logs/*/checkpoints/*.ckpt"))
+    assert "sentemb_configs/quickstart/stsb.train.tsv" in zipfile.ZipFile(wheel).namelist()
