@@ -149,7 +149,7 @@ def main() -> None:
                 continue
             start, cpu_start = time.perf_counter(), time.process_time()
             if side == "ours":
-                res = evaluate_transfer(encode, root, tasks=[task], seed=args.seed, progress=lambda s: None)
+                res = evaluate_transfer(encode, root, tasks=[task], seed=args.seed, progress=None)
                 out = {"acc": res[task], "devacc": res["transfer_details"][task]["devacc"]}
                 if task == "mrpc":
                     out["f1"] = res["mrpc_f1"]

@@ -122,7 +122,7 @@ def evaluate(
         print(format_table({name: results}, sts))
     if transfer:
         found = evaluate_transfer(encode, transfer_dir or sts_dir, transfer,
-                                  progress=lambda line: print(line, flush=True))
+                                  progress=sys.stderr)
         print(format_transfer_table({name: found}, transfer))
         if "avg" in found:  # beside the STS average, under its own name
             found["transfer_avg"] = found.pop("avg")

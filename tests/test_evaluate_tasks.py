@@ -44,14 +44,14 @@ def test_sts_and_transfer_tasks_from_one_folder(senteval_folder, tiny_model_dir,
     assert "transfer_avg" not in data  # SentEval's transfer average is over all seven tasks only
     assert data["sts_dir"] == str(down.parent.parent) and data["pairs"] == {"sts16": counts["sts16"]}
     # the progress line per task and both tables, as the run prints them
-    assert "SST2: test acc" in result.stdout and "| model | STS16 | avg |" in result.stdout
+    assert "transfer 1/2 sst2: test acc" in result.stderr and "| model | STS16 | avg |" in result.stdout
     assert "| model | SST2 | MRPC |" in result.stdout
     # the same STS score as the project's TSV layout gives, and the same transfer scores as harness.transfer
     import encoders
 
     encoder = encoders.load(tiny_model_dir).eval()
     encode = lambda s: encoder.encode(s, batch_size=64)  # noqa: E731
-    expected = tr.evaluate_transfer(encode, str(down), ["sst2", "mrpc"], progress=lambda line: None)
+    expected = tr.evaluate_transfer(encode, str(down), ["sst2", "mrpc"], progress=None)
     assert {t: data[t] for t in ("sst2", "mrpc", "mrpc_f1")} == {t: expected[t] for t in ("sst2", "mrpc", "mrpc_f1")}
     again = run_script("evaluate.py", "--model", tiny_model_dir, "--sts_dir", str(tsv), "--tasks", "sts16")
     assert f"{data['sts16']:.2f}" in again.stdout

@@ -231,7 +231,7 @@ def test_data_dir_forms_and_missing_files(senteval_data, tmp_path):
     (tmp_path / "MR").mkdir()
     (tmp_path / "MR" / "rt-polarity.pos").write_text("good\n")
     with pytest.raises(DataError, match=r"MR/rt-polarity\.neg: missing"):
-        tr.evaluate_transfer(bow_encode, str(tmp_path), tasks=["mr"], progress=lambda s: None)
+        tr.evaluate_transfer(bow_encode, str(tmp_path), tasks=["mr"], progress=None)
 
 
 @pytest.mark.parametrize("task, name, text, where", [
@@ -248,16 +248,20 @@ def test_malformed_lines_name_file_and_line(senteval_data, tmp_path, task, name,
     folder = data / tr.TASK_FILES[task][0]
     (folder / name).write_text(text, encoding="utf-8")
     with pytest.raises(DataError, match=f"{name}{where}"):
-        tr.evaluate_transfer(bow_encode, str(data), tasks=[task], progress=lambda s: None)
+        tr.evaluate_transfer(bow_encode, str(data), tasks=[task], progress=None)
 
 
 def test_evaluate_transfer_on_the_fixture(senteval_data):
-    lines: list[str] = []
+    import io
+
+    stream = io.StringIO()
     # SentEval's setting but batches of 4: with batches of 64 a task of a few dozen lines gets one step an
     # epoch, too few for Adam at lr 1e-3 to move the random initial weights (real tasks get 50 to 1,000)
     small_batches = tr.ClassifierConfig(batch_size=4)
-    res = tr.evaluate_transfer(bow_encode, str(senteval_data), progress=lines.append, classifier=small_batches)
-    assert len(lines) == 7 and lines[0].startswith("MR: test acc")
+    res = tr.evaluate_transfer(bow_encode, str(senteval_data), progress=stream, classifier=small_batches)
+    lines = stream.getvalue().splitlines()  # a line per task in a log, with the time left
+    assert len(lines) == 7 and lines[0].startswith("transfer 1/7 mr: test acc") and "about" in lines[0]
+    assert lines[-1].startswith("transfer 7/7 mrpc: test acc") and lines[-1].endswith("about 0 s left")
     for task in tr.TRANSFER_TASKS:
         assert 0 <= res[task] <= 100
     # the class words carry the label (10 % of them flipped in the binary tasks): well above chance
@@ -274,7 +278,7 @@ def test_evaluate_transfer_on_the_fixture(senteval_data):
 
 
 def test_subset_of_tasks_has_no_average(senteval_data):
-    res = tr.evaluate_transfer(bow_encode, str(senteval_data / "downstream"), tasks=["sst2"], progress=lambda s: None)
+    res = tr.evaluate_transfer(bow_encode, str(senteval_data / "downstream"), tasks=["sst2"], progress=None)
     assert "avg" not in res and set(res) == {"sst2", "transfer_details"}
     with pytest.raises(ValueError, match="unknown transfer task"):
-        tr.evaluate_transfer(bow_encode, str(senteval_data), tasks=["sst5"], progress=lambda s: None)
+        tr.evaluate_transfer(bow_encode, str(senteval_data), tasks=["sst5"], progress=None)
