@@ -139,3 +139,45 @@ def test_an_unset_data_root_is_one_line_naming_the_variable(tmp_path):
         "error: ${SENTEMB_DATA}/wiki/wiki_sentences.txt: SENTEMB_DATA is not set; it is the data root that the "
         "offline overlays read (export SENTEMB_DATA=DIR, a folder in the layout of docs/DATA.md, which stage.py "
         "writes), or give the path itself"]
+
+
+def _train(*args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+
+
+def test_a_folder_without_a_model_is_named_as_one(tmp_path):
+    run = _train("--config", "configs/quickstart.yaml", "--model.init_args.encoder.init_args.model_name", str(tmp_path))
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines() == [f"error: {tmp_path}: not a model directory (no config.json or "
+                                               "modules.json)"]
+
+
+def test_an_uncached_hub_model_offline_names_the_ways_to_get_it(tmp_path):
+    run = _train("--config", "configs/quickstart.yaml", "--model.init_args.encoder.init_args.model_name",
+                 "nobody/no-such-model", "--trainer.default_root_dir", str(tmp_path), HF_HUB_OFFLINE="1")
+    assert run.returncode == 2
+    lines = [line for line in run.stderr.strip().splitlines() if line.startswith("error:")]
+    assert lines == [run.stderr.strip().splitlines()[-1]]
+    assert lines[0].startswith("error: model 'nobody/no-such-model': HF_HUB_OFFLINE is set and the Hugging Face cache "
+                               "has no copy; stage it where the hub can be reached (`python stage.py --config CONFIG")
+    assert "configs/overlays/offline_*.yaml overlay, or give a local path" in lines[0]
+
+
+def test_a_run_that_ends_before_its_first_validation_says_so_and_saves(tmp_path, tiny_model_dir, capsys):
+    import warnings
+
+    import train
+
+    with warnings.catch_warnings(record=True) as caught:  # the filters in force stay: the CLI's own among them
+        cli = train.main(["--config", "configs/quickstart.yaml", "--model.init_args.encoder.init_args.model_name",
+                          tiny_model_dir, "--trainer.max_steps", "2", "--trainer.precision", "32", "--validate_first",
+                          "false", "--trainer.default_root_dir", str(tmp_path), "--trainer.enable_progress_bar",
+                          "false"])
+    out = capsys.readouterr()
+    path = cli.trainer.checkpoint_callback.last_model_path
+    assert path and os.path.isfile(path)  # the quickstart keeps no last.ckpt otherwise (save_last: false)
+    assert (f"the run ended at step 2, before its first validation (none of its val/stsb_spearman figures exist, so "
+            f"no best checkpoint); saved {path}") in out.err
+    assert f"last checkpoint: {path} (no validation ran, so no best one)" in out.out
+    assert not [w for w in caught if "could not find the monitored key" in str(w.message)]
