@@ -17,7 +17,7 @@
 
 The ``datasets`` cache is a temporary directory (HF_DATASETS_CACHE), removed at the end.
 
-    python benchmarks/data_pipeline.py --wiki ../shared/data/wiki/wiki_sentences.txt [--lines 1000000]
+    python benchmarks/data_pipeline.py --wiki $SENTEMB_DATA/wiki/wiki_sentences.txt [--lines 1000000]
 """
 from __future__ import annotations
 
@@ -174,7 +174,7 @@ def speed(args) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--wiki", help="sentences, one per line (e.g. ../shared/data/wiki/wiki_sentences.txt)")
+    parser.add_argument("--wiki", help="sentences, one per line (e.g. $SENTEMB_DATA/wiki/wiki_sentences.txt)")
     parser.add_argument("--lines", type=int, default=1_000_000)
     parser.add_argument("--duplicate_every", type=int, default=33, help="every Nth line repeats an earlier one (0: none)")
     parser.add_argument("--batch_size", type=int, default=64)

@@ -8,7 +8,7 @@ padding-free / padded as well. The programs run in turns, order rotated each rep
 reported is the median over repetitions of the per-repetition ratio ours/theirs (sentences/s).
 Then the seven-task STS average of ours in fp32 and in bf16 (a few minutes; ``--skip_quality``).
 
-    python benchmarks/encode_throughput.py --sts_dir ../shared/data/sts [--reps 3] [--threads 1]
+    python benchmarks/encode_throughput.py --sts_dir $SENTEMB_DATA/sts [--reps 3] [--threads 1]
 """
 from __future__ import annotations
 

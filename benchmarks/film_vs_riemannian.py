@@ -16,7 +16,7 @@ Problems: a planted synthetic one (group structure in a random subspace, plus a 
 nuisance clustering) and, with ``--data_dir DIR`` holding ``nli/snli.dev.tsv``, SNLI dev
 triplets (premise, entailment, contradiction) over TF-IDF features.
 
-    python benchmarks/film_vs_riemannian.py [--data_dir ../shared/data] [--budget 12]
+    python benchmarks/film_vs_riemannian.py [--data_dir $SENTEMB_DATA] [--budget 12]
 """
 from __future__ import annotations
 

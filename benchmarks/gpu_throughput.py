@@ -17,7 +17,7 @@ the offline all-MiniLM-L6-v2.
   script per rank; sentences/s = steps x batch x 2 columns x devices / seconds over the steps
   after ``--warmup_steps``.
 
-    python benchmarks/gpu_throughput.py --sts_dir ../shared/data/sts --nli ../shared/data/nli/snli.test.tsv
+    python benchmarks/gpu_throughput.py --sts_dir $SENTEMB_DATA/sts --nli $SENTEMB_DATA/nli/snli.test.tsv
     # dry run on CPU: add --accelerator cpu --devices 1 --reps 1 --steps 2 --warmup_steps 1 --limit 256
 """
 from __future__ import annotations

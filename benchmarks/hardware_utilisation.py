@@ -26,7 +26,7 @@ random lines of ``--wiki`` (SimCSE's data; about three quarters real tokens at m
 without it three fixture sentences joined per row, which fill max length (no padding). The process
 keeps freed memory (``harness/allocator.py``), as ``train.py`` does.
 
-    python benchmarks/hardware_utilisation.py --wiki ../shared/data/wiki/wiki_sentences.txt [--sentences FILE] [--threads 1] [--reps 3]
+    python benchmarks/hardware_utilisation.py --wiki $SENTEMB_DATA/wiki/wiki_sentences.txt [--sentences FILE] [--threads 1] [--reps 3]
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Objective overhead: step time of DCLR over unsupervised SimCSE, and of GradCache MNR over plain
 MNR at the same batch, with the peak memory of each.
 
-    python benchmarks/objective_overhead.py --wiki ../shared/data/wiki/wiki_sentences.txt
+    python benchmarks/objective_overhead.py --wiki $SENTEMB_DATA/wiki/wiki_sentences.txt
 
 Step times come from one process, the programs alternating (benchmarks/common.py). Peak memory
 is measured in a fresh subprocess per setting: resident memory after the model is built and one
@@ -106,7 +106,7 @@ def measure_memory(args, objective: str, batch: int, mini_batch: int | None) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--wiki", required=True, help="one sentence per line (../shared/data/wiki/wiki_sentences.txt)")
+    parser.add_argument("--wiki", required=True, help="one sentence per line ($SENTEMB_DATA/wiki/wiki_sentences.txt)")
     parser.add_argument("--batch", type=int, default=64, help="batch for the SimCSE/DCLR step-time comparison")
     parser.add_argument("--big_batch", type=int, default=512, help="GradCache batch")
     parser.add_argument("--mini_batch", type=int, default=32, help="GradCache mini-batch")

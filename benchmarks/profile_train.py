@@ -12,7 +12,7 @@ warmup, bf16-mixed by default) for ``--warmup_steps + --steps`` steps, and print
 The profile of a step answers "why is ours slower or faster than theirs" where the throughput
 benchmark only says by how much.
 
-    python benchmarks/profile_train.py --data_dir ../shared/data --threads 1
+    python benchmarks/profile_train.py --data_dir $SENTEMB_DATA --threads 1
 """
 from __future__ import annotations
 

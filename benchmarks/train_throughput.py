@@ -28,7 +28,7 @@ trainers' own step-end hooks, so start-up (model load, tokenization, data set-up
 minor page faults and kernel seconds per step are reported over the same steps. Reported: the
 median of the per-repetition ratios. The ``datasets`` cache is a temporary directory.
 
-    python benchmarks/train_throughput.py --data_dir ../shared/data [--compare padding_free|peer|allocator|compile]
+    python benchmarks/train_throughput.py --data_dir $SENTEMB_DATA [--compare padding_free|peer|allocator|compile]
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ SentEval's code is not part of this project: give the folder that holds its ``se
 (a clone of facebookresearch/SentEval, here beside this one) with ``--senteval_path``. Its classifier calls ``.cuda()``;
 here that call is made a no-op so it runs on the CPU, which changes nothing else.
 
-    python benchmarks/transfer_parity.py --data_dir ../shared/data/senteval --senteval_path ../SentEval \\
+    python benchmarks/transfer_parity.py --data_dir $SENTEMB_DATA/senteval --senteval_path ../SentEval \\
         --output transfer_parity.json [--tasks mr,cr] [--side both|ours|senteval] [--threads 1]
 
 Each task's result is merged into ``--output`` as soon as it is known, and tasks already there are

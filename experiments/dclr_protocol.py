@@ -1,7 +1,7 @@
 """The acting DCLR under the papers' protocol, end to end: every grid of docs/RESULTS.md's protocol section,
 its dev-only choice of the setting, and the experiments that use the choice, in one resumable command.
 
-    python experiments/dclr_protocol.py --sts_dir ../shared/data/sts --jobs 2 --threads 1
+    python experiments/dclr_protocol.py --sts_dir $SENTEMB_DATA/sts --jobs 2 --threads 1
 
 Each grid is a ``experiments/grid.py`` call (printed before it runs), so each cell resumes and is never
 overwritten. The grids of a stage run at the same time when their cells fit in ``--jobs``. The stages:

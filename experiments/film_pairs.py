@@ -34,7 +34,7 @@ Why a plain argparse script and not a LightningCLI config: nothing here is a Lig
 other benchmarks are argparse scripts, and every default sits in one place, below, where
 ``--help`` prints it. Results as JSON with ``--output`` (never overwritten).
 
-    OMP_NUM_THREADS=1 python experiments/film_pairs.py --sts_dir ../shared/data/sts
+    OMP_NUM_THREADS=1 python experiments/film_pairs.py --sts_dir $SENTEMB_DATA/sts
     python experiments/film_pairs.py --train nyu-mll/glue:qqp:train --val_fraction 0.05 \\
         --test nyu-mll/glue:qqp:validation --max_pairs 20000
 """

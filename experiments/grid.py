@@ -3,7 +3,7 @@ record, skip what is finished, print the table.
 
     python experiments/grid.py --name dclr_phi --config configs/dclr.yaml --config configs/overlays/offline_wiki.yaml \
         --config configs/overlays/cpu_300_steps.yaml --vary model.init_args.phi=0.5,0.7,0.9 --seeds 42,43,44 \
-        --sts_dir ../shared/data/sts [--set model.init_args.complementary_model=PATH] [--select best] [--jobs 2]
+        --sts_dir $SENTEMB_DATA/sts [--set model.init_args.complementary_model=PATH] [--select best] [--jobs 2]
 
 A cell is one combination of the ``--vary`` values and one seed; it lives in ``OUT/NAME/<values>/seed<S>/``:
 ``train/`` (the run's logs and checkpoints, trained with ``--ckpt_path last``, so a stopped cell resumes

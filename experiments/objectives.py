@@ -1,7 +1,7 @@
 """What does each objective give here, chosen on dev on one footing? The front page's study, in one resumable
 command.
 
-    python experiments/objectives.py --data ../shared/data --jobs 2 --threads 1 [--stages dev,test,start,film]
+    python experiments/objectives.py --jobs 2 --threads 1 [--data DIR] [--stages start,dev,film,test]
 
 Every objective that trains the transformer starts from all-MiniLM-L6-v2 in its paper's pooling, runs 300 steps
 with dev every 100 (``configs/overlays/cpu_dev_choice.yaml``), and gets the same dev budget: the learning rate
@@ -19,6 +19,7 @@ with the same choice rule (``choose`` below). Unsupervised SimCSE and DCLR have 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -101,7 +102,8 @@ def commands(args: argparse.Namespace, stage: str) -> list[list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", required=True, help="the data root (its sts/, nli/ folders)")
+    parser.add_argument("--data", default=os.environ.get("SENTEMB_DATA"),
+                        help="the data root (docs/DATA.md; default $SENTEMB_DATA), which the offline overlays read")
     parser.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)}")
     parser.add_argument("--jobs", type=int, default=2, help="cells trained at the same time (default 2)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each cell")
@@ -110,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--records", type=Path, default=records.RECORDS)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "grid")
     args = parser.parse_args(argv)
+    if not args.data:
+        parser.error("give --data DIR or set SENTEMB_DATA (the data root, docs/DATA.md)")
+    args.data = str(Path(args.data).absolute())
+    os.environ["SENTEMB_DATA"] = args.data  # the overlays' ${SENTEMB_DATA}, for every cell
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     unknown = [s for s in stages if s not in STAGES]
     if unknown:

@@ -2,7 +2,7 @@
 
     python experiments/reproduce.py --paper simcse_unsup
     python experiments/reproduce.py --paper sbert_nli --config configs/overlays/offline_nli.yaml \\
-        --config configs/overlays/cpu_300_steps.yaml --sts_dir ../shared/data/sts
+        --config configs/overlays/cpu_300_steps.yaml --sts_dir $SENTEMB_DATA/sts
     python experiments/reproduce.py --list
 
 Each paper is one or more shipped configs (``--list`` shows them). Training is ``train.py`` on those configs

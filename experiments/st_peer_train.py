@@ -9,7 +9,7 @@ which the results script sets equal to our run's. Their trainer uses its own sam
 ``--group_by_length``, in the order of our data seed ``--data_seed``), so the two trainers differ in
 nothing but the step and its random draws.
 
-    python experiments/st_peer_train.py --objective cosine --data_dir ../shared/data --output DIR
+    python experiments/st_peer_train.py --objective cosine --data_dir $SENTEMB_DATA --output DIR
 
 Objectives and their sentence-transformers loss:
   softmax  SoftmaxLoss over [u; v; |u-v|], 3 labels     (NLI: snli.test + mnli.dev_matched)

@@ -5,8 +5,8 @@ sentences of the triplets built from ``--train_sources``), with the FILM config'
 options, and nothing is learned on top: the score of a pair is the cosine of its two TF-IDF
 vectors. The table is ``evaluate.py``'s (SentEval's "all" aggregation, Spearman x 100).
 
-    python experiments/tfidf_baseline.py --sts_dir ../shared/data/sts \\
-        --train_sources ../shared/data/nli/snli.test.tsv ../shared/data/nli/mnli.dev_matched.tsv
+    python experiments/tfidf_baseline.py --sts_dir $SENTEMB_DATA/sts \\
+        --train_sources $SENTEMB_DATA/nli/snli.test.tsv $SENTEMB_DATA/nli/mnli.dev_matched.tsv
 """
 from __future__ import annotations
 
