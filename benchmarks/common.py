@@ -1,4 +1,4 @@
-"""What the benchmarks share: the machine's description and paired, alternating timing.
+"""What the benchmarks share: the machine's description, paired alternating timing, and the record of a run.
 
 The machines these run on are shared, so an absolute time says little: every benchmark
 compares programs measured in the same run, in turns (the order rotates every repetition,
@@ -33,6 +33,37 @@ def machine(threads: int | None = None) -> dict:
 
     return {**provenance.machine(threads or torch.get_num_threads()), "torch": torch.__version__,
             "load_avg_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
+
+
+RECORDS = ROOT / "results" / "benchmarks"
+
+
+def write_record(name: str, figures: dict[str, float | str], threads: int | None = None, notes: dict | None = None,
+                 root: Path = RECORDS) -> Path:
+    """The run's record, ``results/benchmarks/<name>/<date>-<processor>.json`` (a second run of a day on the same
+    processor gets ``-2``...; nothing is overwritten): the command, the machine (processor and its bf16/AMX units,
+    or the GPU; cores and threads), versions, commit and date, and ``figures``, the numbers a doc may show.
+    ``experiments/report.py`` builds the speed tables from these records."""
+    import datetime
+    import re
+
+    info = machine(threads)
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    slug = re.sub(r"[^a-z0-9]+", "-", (info.get("gpu") or info["cpu"]).lower()).strip("-")
+    if not info.get("gpu") and info["bf16_units"]:
+        slug += "-" + "-".join(u.replace("_", "") for u in info["bf16_units"])
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    path, n = folder / f"{date}-{slug}.json", 1
+    while path.exists():
+        n += 1
+        path = folder / f"{date}-{slug}-{n}.json"
+    record = {"schema": 1, "benchmark": name, "command": ["python", *sys.argv], "machine": info,
+              "versions": provenance.versions(), "commit": provenance.commit(), "date": date,
+              "figures": figures, "notes": notes or {}}
+    path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    print(f"record: {path.relative_to(ROOT) if ROOT in path.parents else path}")
+    return path
 
 
 def print_machine(info: dict) -> None:
