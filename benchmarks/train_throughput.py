@@ -42,7 +42,7 @@ import sys
 import tempfile
 import time
 
-from common import FixedBatches, machine, print_machine, run_child, set_threads
+from common import FixedBatches, machine, print_machine, run_child, set_threads, write_record
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -280,10 +280,12 @@ def main() -> None:
         shares = {p: round(runs[p][0]["real_token_share"], 3) for p in programs if "real_token_share" in runs[p][0]}
         print("real tokens / padded token positions of the timed batches: "
               + "; ".join(f"{p} {v:.0%}" for p, v in shares.items()))
-        print(json.dumps({"benchmark": "train_throughput", "compare": args.compare, "machine": info,
-                          "batch_size": args.batch_size, "max_length": args.max_length, "precision": args.precision,
-                          "steps": args.steps, "warmup_steps": args.warmup_steps, "reps": args.reps, "results": out,
-                          "real_token_share": shares}))
+        figures = {f"{key} ratio": row["ratio"] for key, row in out.items()}
+        figures.update({f"{p} steps/s": round(statistics.median(x["steps_per_s"] for x in runs[p]), 4) for p in programs})
+        figures.update({f"{p} real token share": v for p, v in shares.items()})
+        write_record(f"train_throughput_{args.compare}", figures, info["threads"], notes={
+            "batch_size": args.batch_size, "max_length": args.max_length, "precision": args.precision,
+            "steps": args.steps, "warmup_steps": args.warmup_steps, "reps": args.reps})
     finally:
         shutil.rmtree(args.tmp, ignore_errors=True)
 
