@@ -9,6 +9,7 @@ import torch
 from torch import Tensor, nn
 from transformers import AutoConfig, AutoModel, AutoTokenizer
 
+from .checkpoint_file import load_encoder_weights, sentence_encoder_start
 from .hub import ModelResolutionError, resolve_model_name
 from .padding import pad_token_ids
 from .unpadded import family, packed_forward, pool_packed
@@ -89,8 +90,6 @@ class SentenceEncoder(nn.Module):
             # A second training step (SBERT: STS-B after NLI) starts from a run of this project: the
             # checkpoint's encoder weights on the transformer it was built from, which is what the
             # config records, so this run's own checkpoints never need the first one.
-            from .checkpoint import sentence_encoder_start
-
             architecture = dict(pooling=pooling, mlp_head=mlp_head, mlp_only_train=mlp_only_train,
                                 projection_dim=projection_dim)
             start_source = model_name
@@ -136,8 +135,6 @@ class SentenceEncoder(nn.Module):
             self.transformer.requires_grad_(False)
             self.transformer.eval()
         if start_state is not None:
-            from .checkpoint import load_encoder_weights
-
             load_encoder_weights(self, start_state, start_source)
 
     def train(self, mode: bool = True) -> "SentenceEncoder":

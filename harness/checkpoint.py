@@ -1,6 +1,6 @@
 """Checkpoints written whole or not at all, and the newest readable one found for a resume.
 
-Reading a checkpoint safely (no arbitrary pickles) and rebuilding its encoder is ``encoders/checkpoint.py``."""
+Reading a checkpoint safely (no arbitrary pickles) is ``encoders/checkpoint_file.py``, rebuilding its encoder ``encoders/checkpoint.py``."""
 from __future__ import annotations
 
 import contextlib
@@ -12,7 +12,7 @@ from typing import Any, Iterable, Optional
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
-from encoders.checkpoint import CheckpointError, load_checkpoint
+from encoders.checkpoint_file import CheckpointError, load_checkpoint
 
 __all__ = ["AtomicCheckpointIO", "CheckpointError", "CheckpointWriteError", "NotEnoughSpaceError", "check_free_space",
            "checkpoint_size", "load_checkpoint", "resume_checkpoint"]

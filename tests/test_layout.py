@@ -65,6 +65,62 @@ def test_the_import_check_catches_an_upward_import(tmp_path):
     ]
 
 
+def module_imports(root: Path) -> dict[str, set[str]]:
+    """Module -> the library modules it imports, at any depth of its code (function-level imports too)."""
+    modules = {str(p.relative_to(root).with_suffix("")).replace("/", "."): p
+               for package in LAYERS[:-1] for p in (root / package).rglob("*.py")}
+    modules = {m.removesuffix(".__init__"): p for m, p in modules.items()}
+    graph: dict[str, set[str]] = {}
+    for module, path in modules.items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module is not None or \
+                    isinstance(node, ast.ImportFrom) and node.level:
+                base = package.split(".")
+                base = base[:len(base) - node.level + 1] if node.level else []
+                target = ".".join([*base, *([node.module] if node.module else [])])
+                names = [target] + [f"{target}.{a.name}" for a in node.names]
+            else:
+                continue
+            found |= {n for n in names if n in modules and n != module}
+        graph[module] = found
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import cycle (as the modules along it), found by depth-first search."""
+    cycles, state = [], {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for target in sorted(graph.get(module, ())):
+            if state.get(target) == "open":
+                cycles.append(path[path.index(target):] + [target])
+            elif target not in state:
+                visit(target, [*path, target])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    return cycles
+
+
+def test_no_import_cycle_between_library_modules():
+    assert import_cycles(module_imports(ROOT)) == []
+
+
+def test_the_cycle_check_finds_a_function_level_cycle(tmp_path):
+    for package in LAYERS[:-1]:
+        (tmp_path / package).mkdir()
+    (tmp_path / "encoders" / "a.py").write_text("from .b import f\n")
+    (tmp_path / "encoders" / "b.py").write_text("def f():\n    from encoders.a import g\n")
+    assert import_cycles(module_imports(tmp_path)) == [["encoders.a", "encoders.b", "encoders.a"]]
+
+
 @pytest.mark.parametrize("objective, datamodule, ok", [
     (NLISoftmax, NLIDataModule(["x"], view="labelled"), True),
     (NLISoftmax, NLIDataModule(["x"], view="pairs"), False),
