@@ -63,10 +63,21 @@ def test_truncation_for_training_not_for_evaluation(tiny_model_dir):
     assert enc.tokenize([long], train=False)["input_ids"].shape[1] == 42
 
 
-def test_offline_model_resolves_to_verified_copy():
+def test_offline_model_resolves_to_verified_copy(monkeypatch):
     path = hub.resolve_model_name("sentence-transformers/all-MiniLM-L6-v2")
     assert path.endswith("model") and hub.sha256_of(hub.Path(path) / "model.safetensors") == hub.OFFLINE_MODEL_SHA256
-    assert hub.resolve_model_name("bert-base-uncased") == "bert-base-uncased"  # hub names unchanged
+    monkeypatch.setattr(hub, "hub_offline", lambda: False)
+    monkeypatch.setattr(hub, "hub_unreachable_reason", lambda endpoint: None)
+    assert hub.resolve_model_name("bert-base-uncased") == "bert-base-uncased"  # with the hub, hub names unchanged
+
+
+def test_offline_a_hub_name_is_the_caches_copy_or_one_error_naming_the_ways(monkeypatch, tmp_path):
+    monkeypatch.setattr(hub, "hub_offline", lambda: True)
+    monkeypatch.setattr(hub, "_cached_snapshot", lambda name: str(tmp_path) if name == "cached/model" else None)
+    assert hub.resolve_model_name("cached/model") == str(tmp_path)
+    with pytest.raises(hub.ModelResolutionError, match=r"model 'bert-base-uncased': HF_HUB_OFFLINE is set and the "
+                                                        r"Hugging Face cache has no copy; stage it"):
+        hub.resolve_model_name("bert-base-uncased")
 
 
 def test_offline_model_hash_mismatch_is_an_error():
