@@ -38,7 +38,8 @@ class SentenceEncoder(nn.Module):
             (pooling and heads must be the checkpoint's; an error says which differs).
         pooling: how token states become one sentence vector.
         max_seq_length: truncation length for training batches (evaluation uses the model's maximum).
-        mlp_head: add a Linear+Tanh head (SimCSE's MLP) after ``cls`` pooling.
+        mlp_head: add a Linear+Tanh head (SimCSE's MLP) after ``cls`` pooling, initialised as the transformer
+            initialises its own weights (normal(0, initializer_range), bias 0), as SimCSE's and DCLR's code do.
         mlp_only_train: use the head in training only (SimCSE unsupervised).
         projection_dim: add a trainable linear projection to this size after pooling (kept at
             evaluation and export), e.g. FILM's deep variant over a frozen transformer.
@@ -129,6 +130,12 @@ class SentenceEncoder(nn.Module):
         self.mlp_only_train = mlp_only_train
         hidden = self.transformer.config.hidden_size
         self.mlp = nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh()) if mlp_head else None
+        if self.mlp is not None:
+            # SimCSE's and DCLR's official code build the head inside the transformer's model class, so its
+            # weights get the transformer's own initialisation: normal(0, initializer_range), bias 0.
+            std = float(getattr(self.transformer.config, "initializer_range", 0.02))
+            nn.init.normal_(self.mlp[0].weight, mean=0.0, std=std)
+            nn.init.zeros_(self.mlp[0].bias)
         self.projection = nn.Linear(hidden, projection_dim) if projection_dim is not None else None
         self.freeze_transformer = freeze_transformer
         if freeze_transformer:

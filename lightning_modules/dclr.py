@@ -118,8 +118,9 @@ class DCLR(SentenceEmbeddingModule):
         augmentation_rate: the fraction of tokens or hidden dimensions a cutoff zeroes.
         distillation_weight: when > 0, the complementary model also teaches by distillation: this weight
             times KL(p_comp || p_model), each the softmax at ``temperature`` of one anchor's cosines with every
-            in-batch candidate (its positive included). With ``use_weighting=false`` it takes weighting's
-            place (the distillation ablation of docs/RESULTS.md).
+            in-batch candidate (its positive included); the teacher compares two dropout views of the complementary
+            model (``distillation_teacher``), and the entropy and positive mass of both distributions are logged.
+            With ``use_weighting=false`` it takes weighting's place (the distillation ablation).
     """
 
     batch_keys = ("sentence",)
@@ -228,6 +229,21 @@ class DCLR(SentenceEmbeddingModule):
         finally:
             comp.eval()
 
+    @torch.no_grad()
+    def distillation_teacher(self, features: dict[str, Tensor]) -> Tensor:
+        """The distillation teacher's similarities (B, world*B): two dropout passes of the complementary model
+        (its trained head, as the official code scores its complementary model), view 1 against view 2, so its
+        positive is a pair of views as the student's is, not a vector compared with itself (cosine 1, which at
+        tau 0.05 puts nearly all of the teacher's probability on the positive)."""
+        comp = self.complementary
+        comp.train()
+        try:
+            z1, z2 = self._complementary_embed(features), self._complementary_embed(features)  # (B, H') each
+        finally:
+            comp.eval()
+        z2_all = gather_with_grad(z2) if self.gather_across_devices else z2  # (world*B, H')
+        return cosine_similarity_matrix(z1, z2_all)
+
     def _complementary_embed(self, features: dict[str, Tensor]) -> Tensor:
         """One pass of the complementary model's trained head over [CLS] (``complementary_head``)."""
         comp = self.complementary
@@ -306,8 +322,13 @@ class DCLR(SentenceEmbeddingModule):
         else:
             loss = dclr_loss(pos, neg, weights, self.temperature, "remove")
         if self.distillation_weight > 0:
-            distill = distillation_kl(comp_sims, sims, self.temperature)
+            teacher = self.distillation_teacher(features)  # (B, world*B)
+            distill = distillation_kl(teacher, sims, self.temperature)
             logs["distillation_kl"] = distill.detach()
+            for name, row_sims in (("teacher", teacher), ("student", sims.detach())):
+                p = torch.softmax(row_sims.float() / self.temperature, dim=-1)  # (B, world*B)
+                logs[f"distill_{name}_entropy"] = -(p * p.clamp_min(1e-12).log()).sum(-1).mean()
+                logs[f"distill_{name}_positive_mass"] = p[torch.arange(B), labels].mean()
             loss = loss + self.distillation_weight * distill
         accuracy = ((pos[:, None] > neg) | (weights == 0)).all(-1).float().mean()  # over kept negatives
         logs.update(ranking_diagnostics(z1, z2, accuracy), temperature=self.temperature)

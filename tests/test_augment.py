@@ -156,3 +156,21 @@ def test_dclr_distillation_in_place_of_weighting(tiny_model_dir):
     assert without.complementary is None
     with pytest.raises(ValueError, match="distillation_weight"):
         DCLR(encoder, complementary_model="self", distillation_weight=1.0)
+
+
+def test_the_distillation_teacher_compares_two_dropout_views(tiny_model_dir):
+    """Its positive is a pair of dropout views (cosine below 1, another draw each time), not a vector compared with
+    itself: a (z, z) teacher has cosine 1 on every positive, and at tau 0.05 nearly all its mass there."""
+    torch.manual_seed(0)
+    encoder = SentenceEncoder(tiny_model_dir, pooling="cls", mlp_head=True, mlp_only_train=True)
+    model = DCLR(encoder, complementary_model=tiny_model_dir, use_weighting=False, distillation_weight=1.0,
+                 gather_across_devices=False)
+    features = encoder.tokenize(SENTENCES)
+    first, second = model.distillation_teacher(features), model.distillation_teacher(features)
+    positives = first.diagonal()  # (B,) each sentence's two views
+    assert (positives < 1 - 1e-4).all()  # a (z, z) teacher: exactly 1
+    assert not torch.equal(first, second)  # new dropout masks on every call
+    assert not model.complementary.training  # back in eval mode after its passes
+    _, logs = model.training_loss({"sentence": features})
+    for name in ("teacher", "student"):
+        assert 0 < logs[f"distill_{name}_positive_mass"] < 1 and logs[f"distill_{name}_entropy"] > 0
