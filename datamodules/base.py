@@ -44,6 +44,11 @@ class SentenceDataModule(L.LightningDataModule):
         seed: seed of the batch order. None (the default): the run's seed, ``seed_everything``
             (which Lightning exports as ``PL_GLOBAL_SEED``; 42 when no seed was set), so runs with
             different seeds see different batch orders, as in sentence-transformers and SimCSE.
+        neighbour_batches: a model (hub name, folder or ``*.ckpt``) whose embeddings of the training rows'
+            first text column group each row with its nearest neighbours (``datamodules.neighbours``); the
+            batches are then made of whole groups, so they hold near neighbours (in-batch false negatives).
+            None: batches of random rows.
+        neighbour_group_size: rows per neighbour group (a batch holds ``per_device_batch_size /`` this many).
     """
 
     text_columns: Sequence[str] = ()
@@ -58,8 +63,14 @@ class SentenceDataModule(L.LightningDataModule):
         group_by_length: bool = False,
         num_workers: int = 0,
         seed: int | None = None,
+        neighbour_batches: str | None = None,
+        neighbour_group_size: int = 8,
     ) -> None:
         super().__init__()
+        if neighbour_batches is not None and group_by_length:
+            raise ValueError("data.init_args.neighbour_batches and group_by_length both decide the batches; choose one")
+        if neighbour_group_size < 1:
+            raise ValueError(f"data.init_args.neighbour_group_size must be positive, got {neighbour_group_size}")
         if per_device_batch_size < 1:
             raise ValueError(f"per_device_batch_size must be positive, got {per_device_batch_size}")
         self.per_device_batch_size = per_device_batch_size
@@ -69,6 +80,8 @@ class SentenceDataModule(L.LightningDataModule):
         self.group_by_length = group_by_length
         self.num_workers = num_workers
         self.seed = seed
+        self.neighbour_batches = neighbour_batches
+        self.neighbour_group_size = neighbour_group_size
         self.tokenizer = None
         self.max_length: int | None = None
         self.eval_max_length: int | None = None
@@ -191,10 +204,11 @@ class SentenceDataModule(L.LightningDataModule):
             world, rank = self._world()
             if self.unique_sentences and self.per_device_batch_size * world < 2:
                 raise ValueError("data.per_device_batch_size: in-batch negatives need a global batch of at least 2")
+            groups = self._neighbour_groups(rows) if self.neighbour_batches is not None else None
             self.train_sampler = SentenceBatchSampler(
                 lengths, self.per_device_batch_size, shuffle=True, drop_last=self.unique_sentences,
                 group_by_length=self.group_by_length, unique_keys=keys, seed=self.batch_seed,
-                num_replicas=world, rank=rank,
+                num_replicas=world, rank=rank, groups=groups,
             )
             if len(self.train_sampler) == 0:
                 raise DataError(
@@ -208,6 +222,21 @@ class SentenceDataModule(L.LightningDataModule):
                 self.dev_sets[name] = dev
                 self._dev_ids[name] = tokenizer(dev.sentences, truncation=True, max_length=self.eval_max_length,
                                                 return_attention_mask=False, return_token_type_ids=False)["input_ids"]
+
+    def _neighbour_groups(self, rows: datasets.Dataset) -> list[list[int]]:
+        """Groups of each row and its nearest neighbours under ``neighbour_batches``'s embeddings of the first
+        text column (the same groups on every rank and every resume: the model and seed decide them)."""
+        import encoders
+
+        from .neighbours import neighbour_groups
+
+        model = encoders.load(self.neighbour_batches)
+        column = self.text_columns[0]
+        embeddings = model.encode(list(rows[column]), batch_size=self.eval_batch_size)  # (N, H)
+        groups = neighbour_groups(embeddings, self.neighbour_group_size, self.batch_seed)
+        log.info("neighbour batches: %d groups of %d rows by %s's embeddings of %s", len(groups),
+                 self.neighbour_group_size, self.neighbour_batches, column)
+        return groups
 
     def _world(self) -> tuple[int, int]:
         if self.trainer is not None:

@@ -60,6 +60,9 @@ class SentenceBatchSampler(Sampler[list[int]]):
         unique_keys: per-example hashable keys (e.g. its sentences), or an (N, k) integer array of
             them (``io.sentence_ids``); no two examples sharing a key land in one global batch,
             because a duplicate is a false in-batch negative.
+        groups: examples that go into batches together (``datamodules.neighbours``): every epoch the
+            groups are shuffled (their order, not their members) and dealt in turn, so a batch a multiple
+            of the group size holds whole groups. Not combined with ``group_by_length``.
     """
 
     GROUP_CHUNK_BATCHES = 50  # length grouping sorts within chunks of this many global batches
@@ -75,9 +78,13 @@ class SentenceBatchSampler(Sampler[list[int]]):
         seed: int = 0,
         num_replicas: int = 1,
         rank: int = 0,
+        groups: Sequence[Sequence[int]] | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if groups is not None and group_by_length:
+            raise ValueError("neighbour batches and group_by_length both decide the batches; choose one")
+        self.groups = [list(g) for g in groups] if groups is not None else None
         self.lengths = list(lengths)
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -114,8 +121,13 @@ class SentenceBatchSampler(Sampler[list[int]]):
         self.epoch = epoch
 
     def _order(self) -> list[int]:
-        order = list(range(len(self.lengths)))
         rng = random.Random(self.seed + self.epoch)
+        if self.groups is not None:  # whole groups, in a new order every epoch
+            groups = list(self.groups)
+            if self.shuffle:
+                rng.shuffle(groups)
+            return [i for g in groups for i in g]
+        order = list(range(len(self.lengths)))
         if self.shuffle:
             rng.shuffle(order)
         if self.group_by_length:
@@ -285,7 +297,7 @@ class SentenceBatchSampler(Sampler[list[int]]):
             saved = SentenceBatchSampler(
                 self.lengths, int(state["batch_size"]), shuffle=self.shuffle, drop_last=self.drop_last,
                 group_by_length=self.group_by_length, unique_keys=self.unique_keys, seed=self.seed,
-                num_replicas=int(state["num_replicas"]))
+                num_replicas=int(state["num_replicas"]), groups=self.groups)
             saved._shared = self._shared
             saved.set_epoch(self.epoch)
             if saved_trained is not None:
