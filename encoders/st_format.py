@@ -150,14 +150,15 @@ def load_sentence_transformers_dir(path: str, pooling: str | None = None) -> Sen
     Reads ``modules.json``: the Transformer, the Pooling (or ``pooling`` when given), then Dense
     modules, which are rebuilt as this project's heads: a Linear + Tanh Dense right after
     first-token pooling is SimCSE's MLP head (``cls`` with ``mlp_head``, kept at evaluation), a
-    Dense without activation is the linear ``projection``. ``Normalize`` is skipped, since the
-    STS evaluation takes cosines. Any other module, or a Dense this encoder cannot represent, is an
+    Dense without activation is the linear ``projection``. ``Normalize`` is not a module here (cosines do not
+    change); ``pipeline_normalizes`` says that the directory has one. Any other module, or a Dense this encoder cannot represent, is an
     error naming it: evaluating the directory without it would give numbers for another model.
     """
     root = Path(path)
     modules = json.loads((root / "modules.json").read_text())
     dense: list[tuple[str, dict[str, Any]]] = []
     transformer_dir = root
+    normalizes = any(m.get("type", "").rsplit(".", 1)[-1] == "Normalize" for m in modules)
     for module in modules:
         kind = module.get("type", "").rsplit(".", 1)[-1]
         if kind == "Transformer":
@@ -188,6 +189,9 @@ def load_sentence_transformers_dir(path: str, pooling: str | None = None) -> Sen
             raise ValueError(f"{root / folder}: Dense {cfg['in_features']} -> {cfg['out_features']} does not follow "
                              f"a {linear.in_features}-dimensional input")
         linear.load_state_dict(_dense_weights(root / folder, with_bias=cfg.get("bias", True)))
+    # The directory's pipeline ends in unit vectors: what SentenceTransformer.encode hands a classifier
+    # (evaluate.py --normalize auto follows it for the transfer tasks).
+    encoder.pipeline_normalizes = normalizes
     return encoder.eval()
 
 

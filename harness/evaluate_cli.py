@@ -67,6 +67,7 @@ def evaluate(
     device: Optional[str] = None,
     export: Optional[str] = None,
     transfer_dir: Optional[str] = None,
+    normalize: Literal["auto", "yes", "no"] = "auto",
 ) -> dict:
     """Evaluate sentence embeddings on the STS tasks (Spearman x 100 of cosine similarity) and
     SentEval's transfer tasks (test accuracy x 100 of SentEval's logistic regression).
@@ -88,6 +89,9 @@ def evaluate(
             it exports without evaluating; with --sts_dir, the model card holds the results.
         transfer_dir: SentEval's data folder for the transfer tasks when it is not --sts_dir (for
             example STS in this project's TSV layout and the transfer tasks in SentEval's folder).
+        normalize: unit-length embeddings: ``auto`` as the model's own pipeline gives them (a
+            sentence-transformers folder ending in Normalize, as ``SentenceTransformer.encode`` does), or
+            ``yes``/``no``. STS takes cosines, which do not change; the transfer tasks' classifiers see the vectors.
     """
     tasks = parse_tasks(tasks)
     export_only = export is not None and sts_dir is None and transfer_dir is None
@@ -113,7 +117,8 @@ def evaluate(
     if export_only:
         export_run(encoder, export, ckpt_path, source=name)
         return {}
-    encode = lambda s: encoder.encode(s, batch_size=batch_size, precision=precision)  # noqa: E731
+    unit = normalize == "yes" or normalize == "auto" and bool(getattr(encoder, "pipeline_normalizes", False))
+    encode = lambda s: encoder.encode(s, batch_size=batch_size, precision=precision, normalize=unit)  # noqa: E731
     results: dict = {"sts_dir": os.path.abspath(sts_dir)} if sts_dir is not None else {}
     if transfer and transfer_dir is not None:
         results["transfer_dir"] = os.path.abspath(transfer_dir)
@@ -129,7 +134,8 @@ def evaluate(
         results.update(found)
     if output is not None:
         with open(output, "x") as f:
-            json.dump({"model": name, "pooling": encoder.pooling, "precision": precision, **results}, f, indent=2)
+            json.dump({"model": name, "pooling": encoder.pooling, "precision": precision, "normalized": unit, **results},
+                      f, indent=2)
         print(f"results written to {output}")
     if export is not None:
         export_run(encoder, export, ckpt_path, results, precision, source=name)

@@ -98,3 +98,20 @@ def test_transfer_dir_apart_from_the_sts_data(senteval_folder, tiny_model_dir, t
     result = run_script("evaluate.py", "--model", tiny_model_dir, "--transfer_dir", str(down), "--tasks", "trec")
     assert result.returncode == 2 and "Loading weights" not in result.stderr  # before the model is loaded
     assert result.stderr.strip().splitlines()[-1].startswith(f"error: {down / 'TREC' / 'TREC_10.label'}: missing")
+
+
+def test_a_sentence_transformers_pipeline_that_normalizes_gives_unit_vectors(tmp_path, fixtures_dir):
+    """all-MiniLM-L6-v2 ends in Normalize: --normalize auto hands the classifiers unit vectors, as
+    SentenceTransformer.encode does; --normalize no the raw pooled vectors (the transfer table's two start rows)."""
+    import encoders
+    from harness.evaluate_cli import evaluate
+
+    assert encoders.load("sentence-transformers/all-MiniLM-L6-v2").pipeline_normalizes is True
+    seen = {}
+    for normalize in ("auto", "no"):
+        out = tmp_path / f"{normalize}.json"
+        evaluate(sts_dir=str(fixtures_dir / "sts"), model="sentence-transformers/all-MiniLM-L6-v2", tasks="stsb",
+                 output=str(out), normalize=normalize)
+        seen[normalize] = json.loads(out.read_text())
+    assert seen["auto"]["normalized"] is True and seen["no"]["normalized"] is False
+    assert seen["auto"]["stsb"] == pytest.approx(seen["no"]["stsb"], abs=1e-6)  # cosines do not change
