@@ -17,15 +17,15 @@ benchmark only says by how much.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shutil
 import tempfile
 
-from common import machine, print_machine, set_threads
+from common import machine, print_machine, set_threads, write_record
 from train_throughput import identical_batches, run_ours, run_theirs
 
+LAYERS = 6  # all-MiniLM-L6-v2's transformer layers
 PHASES = {  # SimpleProfiler action -> the name printed
     "run_training_batch": "whole step (training_step + backward + optimizer step)",
     "[Strategy]SingleDeviceStrategy.training_step": "training_step (forward, loss, self.log)",
@@ -33,6 +33,33 @@ PHASES = {  # SimpleProfiler action -> the name printed
     "[LightningModule]MNR.optimizer_step": "optimizer step (closure excluded below)",
     "[LightningModule]MNR.optimizer_zero_grad": "zero_grad",
 }
+
+
+# What each operator is for, by name: the padding-free path's own work (packing real tokens and scattering them back
+# into a padded layout for attention) against the matrix products, attention and the elementwise rest.
+CATEGORIES = (
+    ("matmul (linear layers)", ("addmm", "aten::mm", "aten::bmm", "matmul", "aten::linear")),
+    ("attention", ("scaled_dot_product", "_flash_attention", "_efficient_attention", "softmax")),
+    ("packing (gather, scatter, re-pad)", ("index_select", "index_copy", "index_put", "aten::index", "nonzero",
+                                           "masked", "scatter", "gather", "constant_pad", "aten::pad", "cumsum")),
+    ("optimizer", ("_fused_adamw", "_fused_adam", "adam")),
+    ("norm, activation, dropout", ("layer_norm", "gelu", "dropout", "native_layer_norm", "bernoulli", "tanh")),
+)
+
+
+def categories(ops, steps: int, layers: int) -> dict[str, float]:
+    """Self CPU ms per step of each category (``CATEGORIES``; the rest as "other"), and per transformer layer."""
+    totals = {name: 0.0 for name, _ in CATEGORIES}
+    totals["other"] = 0.0
+    for event in ops.key_averages():
+        ms = event.self_cpu_time_total / 1000 / steps
+        name = next((c for c, keys in CATEGORIES if any(k in event.key for k in keys)), "other")
+        totals[name] += ms
+    step = sum(totals.values())
+    print(f"\n| category | ms/step | ms/layer ({layers} layers) | share |\n|---|---|---|---|")
+    for name, ms in totals.items():
+        print(f"| {name} | {ms:.1f} | {ms / layers:.1f} | {ms / step:.0%} |")
+    return {name: round(ms, 2) for name, ms in totals.items()}
 
 
 def op_table(ops, steps: int, top: int) -> dict[str, float]:
@@ -79,7 +106,9 @@ def profile_ours(args):
         phases[label] = round(ms, 1)
         print(f"| {label} | {ms:.1f} | {ms / step_ms:.0%} |")
     print(f"\nours: torch.profiler, top {args.top} operators by self CPU time over the same steps")
-    return {"steps_per_s": round(rate, 3), "phases_ms": phases, "top_ops_ms": op_table(ops, args.steps, args.top)}
+    top = op_table(ops, args.steps, args.top)
+    return {"steps_per_s": round(rate, 3), "phases_ms": phases, "top_ops_ms": top,
+            "categories_ms": categories(ops, args.steps, LAYERS)}
 
 
 def profile_theirs(args, pairs, batches):
@@ -98,7 +127,8 @@ def profile_theirs(args, pairs, batches):
 
     rate = run_theirs(args, batches, pairs, callbacks=(Window(),))["steps_per_s"]
     print(f"\ntheirs: {rate:.3f} steps/s; torch.profiler, top {args.top} operators by self CPU time")
-    return {"steps_per_s": round(rate, 3), "top_ops_ms": op_table(ops, args.steps, args.top)}
+    top = op_table(ops, args.steps, args.top)
+    return {"steps_per_s": round(rate, 3), "top_ops_ms": top, "categories_ms": categories(ops, args.steps, LAYERS)}
 
 
 def main() -> None:
@@ -132,8 +162,11 @@ def main() -> None:
             out["ours"] = profile_ours(args)
         if args.program in ("theirs", "both"):
             out["theirs"] = profile_theirs(args, *identical_batches(args))
-        print(json.dumps({"benchmark": "profile_train", "machine": info, "precision": args.precision,
-                          "batch_size": args.batch_size, "max_length": args.max_length, "steps": args.steps, **out}))
+        figures = {f"{side} {key} ms": ms for side, res in out.items() for key, ms in res["categories_ms"].items()}
+        figures.update({f"{side} steps/s": res["steps_per_s"] for side, res in out.items()})
+        write_record("profile_train", figures, info["threads"], notes={
+            "precision": args.precision, "batch_size": args.batch_size, "max_length": args.max_length,
+            "steps": args.steps, "layers": LAYERS, "top_ops_ms": {side: res["top_ops_ms"] for side, res in out.items()}})
     finally:
         shutil.rmtree(args.tmp, ignore_errors=True)
 

@@ -56,12 +56,13 @@ def family(model: nn.Module) -> Literal["bert", "roberta"] | None:
 class Packing:
     """Where the N real tokens of a right- or left-padded (B, L) batch sit.
 
-    index: (N,) flat positions in B*L of the real tokens, row-major; seq: (N,) their row;
-    lengths: (B,) real tokens per row; starts: (B,) offset of each row's first token in the packed order.
+    index: (N,) flat positions in B*L of the real tokens, row-major; seq: (N,) their row; pos: (N,) their
+    column; lengths: (B,) real tokens per row; starts: (B,) offset of each row's first token in the packed order.
     """
 
     index: Tensor
     seq: Tensor
+    pos: Tensor
     lengths: Tensor
     starts: Tensor
     batch: int
@@ -74,8 +75,8 @@ class Packing:
         index = real.flatten().nonzero().squeeze(1)  # (N,)
         lengths = real.sum(1)  # (B,)
         starts = torch.cumsum(lengths, 0) - lengths  # (B,)
-        return cls(index=index, seq=torch.div(index, width, rounding_mode="floor"), lengths=lengths,
-                   starts=starts, batch=batch, width=width)
+        return cls(index=index, seq=torch.div(index, width, rounding_mode="floor"), pos=index % width,
+                   lengths=lengths, starts=starts, batch=batch, width=width)
 
     def pack(self, x: Tensor) -> Tensor:
         """(B, L, ...) -> (N, ...)."""
@@ -84,7 +85,9 @@ class Packing:
     def unpack(self, x: Tensor, fill: float = 0.0) -> Tensor:
         """(N, ...) -> (B, L, ...), padding positions set to ``fill``."""
         out = x.new_full((self.batch * self.width, *x.shape[1:]), fill)
-        out = out.index_copy(0, self.index, x)  # out of place: autograd gathers the gradient back
+        # In place on a new tensor: autograd still gathers the gradient back (index_copy_'s backward), and
+        # the out-of-place form would copy the whole padded tensor once more.
+        out.index_copy_(0, self.index, x)
         return out.view(self.batch, self.width, *x.shape[1:])
 
 
@@ -103,25 +106,29 @@ def _embed(model: nn.Module, kind: str, input_ids: Tensor, packing: Packing) -> 
     return emb.dropout(emb.LayerNorm(x))
 
 
-def _attention(q: Tensor, k: Tensor, v: Tensor, packing: Packing, mask: Tensor, heads: int, dropout: float,
-               scale: float) -> Tensor:
-    """Per-sequence attention of packed (N, H) queries, keys, values -> (N, H)."""
-    n, hidden = q.shape
+def _attention(q: Tensor, k: Tensor | None, v: Tensor | None, packing: Packing, mask: Tensor, heads: int,
+               dropout: float, scale: float) -> Tensor:
+    """Per-sequence attention of packed (N, H) queries, keys, values -> (N, H); with ``k`` and ``v`` None,
+    ``q`` holds all three side by side, (N, 3H)."""
+    n, hidden = q.shape[0], q.shape[1] // (1 if k is not None else 3)
     d = hidden // heads
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and dropout == 0.0:
         varlen = _varlen_attn()
         if varlen is not None:
             cu = F.pad(torch.cumsum(packing.lengths, 0), (1, 0)).to(torch.int32)  # (B+1,)
             longest = int(packing.lengths.max())
-            out = varlen(q.view(n, heads, d), k.view(n, heads, d), v.view(n, heads, d), cu, cu, longest, longest,
-                         scale=scale)
+            if k is None:  # fused projections: (N, 3H)
+                q, k, v = q.split(hidden, dim=1)
+            out = varlen(q.reshape(n, heads, d), k.reshape(n, heads, d), v.reshape(n, heads, d), cu, cu, longest,
+                         longest, scale=scale)
             return out.reshape(n, hidden)
     # Re-pad for the score product only: (N, 3H) -> (B, L, 3, heads, d) -> three (B, heads, L, d) views
-    qkv = packing.unpack(torch.cat([q, k, v], 1)).view(packing.batch, packing.width, 3, heads, d)
+    qkv = q if k is None else torch.cat([q, k, v], 1)  # (N, 3H): one tensor when the caller fused the projections
+    qkv = packing.unpack(qkv).view(packing.batch, packing.width, 3, heads, d)
     qp, kp, vp = qkv.permute(2, 0, 3, 1, 4).unbind(0)
     key_mask = mask.bool()[:, None, None, :]  # (B, 1, 1, L)
     out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=key_mask, dropout_p=dropout, scale=scale)
-    return packing.pack(out.transpose(1, 2).reshape(packing.batch, packing.width, hidden))  # (N, H)
+    return out[packing.seq, :, packing.pos].reshape(n, hidden)  # (N, H): the real query rows, gathered at once
 
 
 def _varlen_attn():
@@ -135,10 +142,18 @@ def _varlen_attn():
 def _layer(layer: nn.Module, x: Tensor, packing: Packing, mask: Tensor) -> Tensor:
     """One BertLayer (or a RoBERTa copy of it) on packed tokens: (N, H) -> (N, H)."""
     attn = layer.attention.self
-    q, k, v = attn.query(x), attn.key(x), attn.value(x)  # (N, H) each
+    projections = (attn.query, attn.key, attn.value)
+    if all(type(p) is nn.Linear and p.bias is not None and not (p._forward_hooks or p._forward_pre_hooks)
+           for p in projections):
+        # The three projections as one matrix product (N, 3H): the model's own weights, concatenated each call
+        # (the gradient reaches each of them), cheaper than concatenating three (N, H) outputs, and one GEMM.
+        weight = torch.cat([p.weight for p in projections])  # (3H, H)
+        qkv = F.linear(x, weight, torch.cat([p.bias for p in projections]))  # (N, 3H)
+    else:  # wrapped or hooked projections (adapters, say): called as modules, as the model calls them
+        qkv = torch.cat([p(x) for p in projections], 1)  # (N, 3H)
     dropout = attn.dropout.p if attn.training else 0.0
     scale = getattr(attn, "scaling", attn.attention_head_size ** -0.5)
-    context = _attention(q, k, v, packing, mask, attn.num_attention_heads, dropout, scale)
+    context = _attention(qkv, None, None, packing, mask, attn.num_attention_heads, dropout, scale)
     out = layer.attention.output
     h = out.LayerNorm(out.dropout(out.dense(context)) + x)
     ffn = layer.intermediate.intermediate_act_fn(layer.intermediate.dense(h))  # (N, I)

@@ -197,3 +197,18 @@ def test_padding_free_is_recorded_and_state_dict_unchanged(tiny_model_dir):
     assert free.state_dict().keys() == padded.state_dict().keys()
     rebuilt = SentenceEncoder.from_checkpoint_config(padded.config_dict)
     assert not rebuilt.padding_free
+
+
+def test_hooked_projections_are_called_as_modules(tiny_model_dir, one_torch_thread):
+    """The fused query/key/value product applies to plain Linears; a hooked one (an adapter, say) is called as
+    the padded model calls it, so the hook acts on both paths alike."""
+    enc = SentenceEncoder(tiny_model_dir).eval()
+    features = enc.tokenize(SENTENCES)
+    with torch.no_grad():
+        plain, _ = both(enc, features)
+        handle = enc.transformer.encoder.layer[0].attention.self.value.register_forward_hook(
+            lambda module, args, out: out * 0.5)
+        hooked, padded = both(enc, features)
+        handle.remove()
+    assert not torch.allclose(hooked, plain)  # the hook acted on the padding-free path
+    torch.testing.assert_close(hooked, padded, atol=1e-5, rtol=1e-5)
