@@ -31,7 +31,7 @@ from papers import PAPERS, SBERT_STSB, PaperRow  # noqa: E402
 from records import DEV, ROOT, STS  # noqa: E402
 
 BLOCK = re.compile(r"(<!-- report:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /report:(?P=name) -->)", re.S)
-PAGES = ("docs/RESULTS.md", "docs/results/objectives.md")
+PAGES = ("README.md", "docs/RESULTS.md", "docs/results/objectives.md", "docs/PERFORMANCE.md")
 NAMES = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16",
          "stsb": "STS-B", "sickr": "SICK-R", "avg": "avg"}
 
@@ -211,7 +211,194 @@ def front_findings(all_records: list[dict]) -> str:
     return "".join(parts)
 
 
+# -- the speed figures: records of benchmarks/ (results/benchmarks/<name>/<date>-<processor>.json) -----------------
+BENCHMARK_FIELDS = ("benchmark", "command", "machine", "versions", "commit", "date", "figures", "notes")
+
+
+def benchmark_records(root: Path) -> list[dict]:
+    """Every benchmark record under ``root/benchmarks``, checked, oldest first."""
+    import json
+
+    found = []
+    for path in sorted((root / "benchmarks").glob("*/*.json")):
+        record = json.loads(path.read_text())
+        missing = [k for k in BENCHMARK_FIELDS if k not in record]
+        if missing:
+            raise records.RecordError(f"{path}: missing field {missing[0]!r}")
+        found.append(record)
+    return sorted(found, key=lambda r: r["date"])
+
+
+def newest(bench: list[dict], name: str) -> dict | None:
+    mine = [r for r in bench if r["benchmark"] == name]
+    return mine[-1] if mine else None
+
+
+def processor(record: dict) -> str:
+    m = record["machine"]
+    if m.get("gpu"):
+        return f"one {m['gpu']}"
+    units = ", ".join(m.get("bf16_units") or []) or "no bf16 units (AVX2)"
+    return f"{m['cpu']} ({units}), {m['threads']} thread(s) of {m['cores']} cores"
+
+
+def command_of(record: dict) -> str:
+    words = [w.replace(str(ROOT) + "/", "") for w in record["command"]]
+    return "`" + " ".join(words).replace("/work/shared/data", "$SENTEMB_DATA") + "`"
+
+
+def speed_rows(bench: list[dict]) -> list[tuple[str, str, dict]]:
+    """(figure, value, record) of the newest record of each benchmark: the README's speed table."""
+    rows = []
+    train = newest(bench, "train_throughput_padding_free")
+    if train:
+        f = train["figures"]
+        precision = train["notes"].get("precision")
+        rows.append((f"MNR training step, ours / sentence-transformers, identical batches ({precision})",
+                     f"**{f['identical batches/ours / identical batches/theirs ratio']:.2f}x**", train))
+        rows.append((f"MNR training step, padding-free / padded, same batches ({precision})",
+                     f"**{f['identical batches/ours / identical batches/ours, padded ratio']:.2f}x**", train))
+    evals = newest(bench, "eval_speed")
+    if evals and "sts_ours_s" in evals["figures"]:
+        f = evals["figures"]
+        rows.append(("STS evaluation, the seven tasks of all-MiniLM-L6-v2 in fp32, ours / before",
+                     f"**{f['sts_ours_s']:.0f} s** / {f['sts_plain_s']:.0f} s (averages {f['sts_ours_avg']:.2f} / "
+                     f"{f['sts_plain_avg']:.2f})", evals))
+    if evals and "transfer_speedup" in evals["figures"]:
+        f = evals["figures"]
+        tasks = evals["notes"].get("tasks", [])
+        low = min(f[f"{t}_speedup"] for t in tasks)
+        rows.append(("transfer tasks, SentEval's own code / ours, same embeddings",
+                     f"**{f['transfer_speedup']:.1f}x** over the {len(tasks)} tasks (the slowest task {low:.1f}x)", evals))
+    scaling = newest(bench, "scaling")
+    if scaling and "processes efficiency" in scaling["figures"]:
+        rows.append(("CPU DDP, 2 processes against 1 (sentences/s over twice one's)",
+                     f"{scaling['figures']['processes efficiency']:.0%}", scaling))
+    return rows
+
+
+def readme_speed(data: Data) -> str:
+    bench = data.bench
+    rows = speed_rows(bench)
+    if not rows:
+        return "No benchmark has a record yet."
+    lines = ["| figure | value | processor, date | command |", "|---|---|---|---|"]
+    for figure, value, record in rows:
+        lines.append(f"| {figure} | {value} | {processor(record)}; {record['date']} | {command_of(record)} |")
+    families = sorted({processor(r).split(" (")[0] + (" with " + ", ".join(r["machine"]["bf16_units"])
+                                                       if r["machine"].get("bf16_units") else " without bf16 units")
+                       for r in bench})
+    lines.append("")
+    lines.append(f"Processor families with a record: {'; '.join(families)}. A family not listed has no record of "
+                 "these figures: the ratios are not carried over from one family to another.")
+    return "\n".join(lines)
+
+
+def perf_train(data: Data) -> str:
+    record = newest(data.bench, "train_throughput_padding_free")
+    if record is None:
+        return "No record yet."
+    f = record["figures"]
+    lines = [f"{processor(record)}; torch {record['versions'].get('torch')}; {record['notes'].get('precision')}; "
+             f"{record['date']}; batch {record['notes'].get('batch_size')}, max length "
+             f"{record['notes'].get('max_length')}, {record['notes'].get('steps')} timed steps, median of "
+             f"{record['notes'].get('reps')} repetitions. Command: {command_of(record)}.", "",
+             "| program | steps/s | real tokens of the batches |", "|---|---|---|"]
+    for program in ("identical batches/ours", "identical batches/ours, padded", "identical batches/theirs"):
+        share = f.get(f"{program} real token share")
+        lines.append(f"| {program.split('/')[1]} | {f[f'{program} steps/s']:.3f} | "
+                     f"{'' if share is None else f'{share:.0%}'} |")
+    lines += ["", "| ratio | value |", "|---|---|"]
+    for key, value in f.items():
+        if key.endswith(" ratio"):
+            lines.append(f"| {key.removesuffix(' ratio').replace('identical batches/', '')} | **{value:.2f}x** |")
+    return "\n".join(lines)
+
+
+def perf_profile(data: Data) -> str:
+    record = newest(data.bench, "profile_train")
+    if record is None:
+        return "No record yet."
+    f = record["figures"]
+    sides = [s for s in ("ours", "theirs") if f"{s} steps/s" in f]
+    cats = [k.split(" ", 1)[1].removesuffix(" ms") for k in f if k.startswith(sides[0] + " ") and k.endswith(" ms")]
+    layers = record["notes"].get("layers", 6)
+    lines = [f"{processor(record)}; {record['notes'].get('precision')}; {record['date']}; batch "
+             f"{record['notes'].get('batch_size')}, max length {record['notes'].get('max_length')}; self CPU time per "
+             f"step of each group of operators over {record['notes'].get('steps')} steps. Command: "
+             f"{command_of(record)}.", "",
+             "| operators | " + " | ".join(f"{s}: ms/step (ms/layer)" for s in sides) + " |",
+             "|---|" + "---|" * len(sides)]
+    for cat in cats:
+        lines.append(f"| {cat} | " + " | ".join(f"{f[f'{s} {cat} ms']:.0f} ({f[f'{s} {cat} ms'] / layers:.1f})"
+                                                 for s in sides) + " |")
+    totals = {s: sum(f[f"{s} {c} ms"] for c in cats) for s in sides}
+    lines.append("| all | " + " | ".join(f"{totals[s]:.0f}" for s in sides) + " |")
+    return "\n".join(lines)
+
+
+def perf_eval(data: Data) -> str:
+    record = newest(data.bench, "eval_speed")
+    if record is None:
+        return "No record yet."
+    f = record["figures"]
+    lines = [f"{processor(record)}; torch {record['versions'].get('torch')}; {record['date']}. Command: "
+             f"{command_of(record)}.", ""]
+    if "sts_ours_s" in f:
+        lines += ["| STS, seven tasks, fp32 | seconds | seven-task average |", "|---|---|---|",
+                  f"| ours: each distinct sentence once, by length | **{f['sts_ours_s']:.1f}** | {f['sts_ours_avg']:.2f} |",
+                  f"| before: each subset's pairs as they come | {f['sts_plain_s']:.1f} | {f['sts_plain_avg']:.2f} |", ""]
+    tasks = record["notes"].get("tasks", [])
+    if "transfer_speedup" in f:
+        lines += ["| transfer task | SentEval acc | ours acc | SentEval s | ours s | SentEval / ours |",
+                  "|---|---|---|---|---|---|"]
+        for t in tasks:
+            acc = f"{f[f'{t}_senteval_acc']:.2f} | {f[f'{t}_ours_acc']:.2f}"
+            if t == "mrpc":
+                acc = (f"{f['mrpc_senteval_acc']:.2f} (F1 {f['mrpc_senteval_f1']:.2f}) | {f['mrpc_ours_acc']:.2f} "
+                       f"(F1 {f['mrpc_ours_f1']:.2f})")
+            lines.append(f"| {t.upper()} | {acc} | {f[f'{t}_senteval_s']:.0f} | {f[f'{t}_ours_s']:.1f} | "
+                         f"**{f[f'{t}_speedup']:.1f}x** |")
+        lines.append(f"| all | | | {f['transfer_senteval_s']:.0f} | {f['transfer_ours_s']:.0f} | "
+                     f"**{f['transfer_speedup']:.1f}x** |")
+    return "\n".join(lines)
+
+
+def perf_scaling(data: Data) -> str:
+    record = newest(data.bench, "scaling")
+    if record is None:
+        return "No record yet."
+    f = record["figures"]
+    lines = [f"{processor(record)}; {record['notes'].get('precision')}; {record['date']}; "
+             f"{record['notes'].get('steps')} timed steps a point, each point in a fresh process (peak memory is "
+             f"its resident set). Command: {command_of(record)}.", "",
+             "| work | step (s) | sentences/s | peak memory (MiB) |", "|---|---|---|---|"]
+    for key in [k.removesuffix(" step_s") for k in f if k.endswith(" step_s")]:
+        label = key.replace("length ", "max length ").replace("batch ", "batch ")
+        if key.startswith("batch") and int(key.split()[1]) >= record["notes"].get("grad_cache_from", 10 ** 9):
+            label += " (GradCache, 64 at a time)"
+        lines.append(f"| {label} | {f[key + ' step_s']:.2f} | {f[key + ' sentences_per_s']:.1f} | "
+                     f"{f[key + ' peak_mib']:.0f} |")
+    if "processes efficiency" in f:
+        lines.append(f"| 2 processes against 1: scaling efficiency | | **{f['processes efficiency']:.0%}** | |")
+    if "tokenization seconds" in f:
+        lines.append(f"| first tokenization of {f['tokenization lines']:,.0f} lines | "
+                     f"{f['tokenization seconds']:.0f} (the whole) | {f['tokenization lines'] / f['tokenization seconds']:,.0f}"
+                     f" lines/s | {f['tokenization peak_mib']:.0f} |")
+    return "\n".join(lines)
+
+
+class Data(list):
+    """The cell records (the list itself) and the benchmark records (``bench``): what every block reads."""
+
+    def __init__(self, cells: list[dict], bench: list[dict]) -> None:
+        super().__init__(cells)
+        self.bench = bench
+
+
 BLOCKS: dict[str, Callable[[list[dict]], str]] = {
+    "readme_speed": readme_speed, "perf_train": perf_train, "perf_profile": perf_profile, "perf_eval": perf_eval,
+    "perf_scaling": perf_scaling,
     "front_table": front_table, "front_findings": front_findings, "objectives_where": objectives_where,
     "start_table": start_table, "dev_grids": dev_grids, "test_table": test_table, "per_seed": per_seed_table,
 }
@@ -247,7 +434,8 @@ def render_page(text: str, rendered: dict[str, str], page: str) -> str:
 
 def run(root: Path = ROOT, records_dir: Path | None = None, check: bool = False) -> list[str]:
     """Rewrite (or, with ``check``, compare) every generated block and file; returns the differences found."""
-    found = records.load_all(records_dir or root / "results")
+    folder = records_dir or root / "results"
+    found = Data(records.load_all(folder), benchmark_records(folder))
     rendered = {name: block(found) for name, block in BLOCKS.items()}
     placed: set[str] = set()
     outputs = {}
