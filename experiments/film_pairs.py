@@ -205,6 +205,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch threads")
     p.add_argument("--output", help="write the results as JSON here (never overwritten)")
+    p.add_argument("--record", action="store_true",
+                   help="write the run's record (results/benchmarks/film_pairs/), from which docs/FILM.md's table is made")
     args = p.parse_args(argv)
     if bool(args.sts_dir) == bool(args.train and args.test):
         p.error("give either --sts_dir or --train and --test")
@@ -280,6 +282,15 @@ def main(argv: list[str] | None = None) -> dict:
     if args.output:
         with open(args.output, "x") as f:
             json.dump(result, f, indent=2)
+    if args.record:
+        from benchmarks.common import write_record
+
+        figures = {f"{row['method']} {key}": round(float(row[key]), 4) for row in rows
+                   for key in ("accuracy", "f1", "log_loss", "val_log_loss", "fit_s") if key in row}
+        write_record("film_pairs", figures, args.threads, notes={
+            "choices": {row["method"]: row["choice"] for row in rows}, "methods": [row["method"] for row in rows],
+            "pairs": result["pairs"], "groups": n_groups, "triplets": len(triplets), "sources": {
+                k: v for k, v in vars(args).items() if k in ("sts_dir", "train", "test", "model")}})
     return result
 
 

@@ -31,7 +31,8 @@ from papers import PAPERS, SBERT_STSB, PaperRow  # noqa: E402
 from records import DEV, ROOT, STS  # noqa: E402
 
 BLOCK = re.compile(r"(<!-- report:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /report:(?P=name) -->)", re.S)
-PAGES = ("README.md", "docs/RESULTS.md", "docs/results/objectives.md", "docs/PERFORMANCE.md")
+PAGES = ("README.md", "docs/RESULTS.md", "docs/results/objectives.md", "docs/PERFORMANCE.md", "docs/EVALUATION.md",
+         "docs/FILM.md")
 NAMES = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16",
          "stsb": "STS-B", "sickr": "SICK-R", "avg": "avg"}
 
@@ -388,6 +389,32 @@ def perf_scaling(data: Data) -> str:
     return "\n".join(lines)
 
 
+def film_rows(data: Data) -> str:
+    tasks = (*STS, "avg")
+    lines = ["| model | " + " | ".join(NAMES[t] for t in tasks) + " | wall (s) |", "|---" * (len(tasks) + 2) + "|"]
+    for study, label in (("start_mean", "all-MiniLM-L6-v2 as it is"), ("film_tfidf", "FILM over TF-IDF"),
+                         ("film_frozen_encoder", "FILM over frozen all-MiniLM-L6-v2"),
+                         ("film_deep_triplet", "FILM's deep form: triplet on a head over the frozen model")):
+        for r in test_records(records.select(data, study)):
+            lines.append(f"| {label} | " + " | ".join(fmt(r["test"][t]) for t in tasks) + f" | {r['wall_s']:.0f} |")
+    return "\n".join(lines)
+
+
+def film_pairs(data: Data) -> str:
+    record = newest(data.bench, "film_pairs")
+    if record is None:
+        return "No record yet: `python experiments/film_pairs.py --sts_dir $SENTEMB_DATA/sts --record` writes it."
+    f, notes = record["figures"], record["notes"]
+    lines = [f"{processor(record)}; {record['date']}. Command: {command_of(record)}.", "",
+             "| method | chosen on validation | val log loss | test accuracy | test F1 | test log loss | seconds |",
+             "|---|---|---|---|---|---|---|"]
+    for method in notes.get("methods", []):
+        lines.append(f"| {method} | {notes['choices'][method]} | {f[f'{method} val_log_loss']:.3f} | "
+                     f"{100 * f[f'{method} accuracy']:.2f} | {100 * f[f'{method} f1']:.2f} | "
+                     f"{f[f'{method} log_loss']:.3f} | {f[f'{method} fit_s']:.1f} |")
+    return "\n".join(lines)
+
+
 class Data(list):
     """The cell records (the list itself) and the benchmark records (``bench``): what every block reads."""
 
@@ -398,7 +425,7 @@ class Data(list):
 
 BLOCKS: dict[str, Callable[[list[dict]], str]] = {
     "readme_speed": readme_speed, "perf_train": perf_train, "perf_profile": perf_profile, "perf_eval": perf_eval,
-    "perf_scaling": perf_scaling,
+    "perf_scaling": perf_scaling, "film_rows": film_rows, "film_pairs": film_pairs,
     "front_table": front_table, "front_findings": front_findings, "objectives_where": objectives_where,
     "start_table": start_table, "dev_grids": dev_grids, "test_table": test_table, "per_seed": per_seed_table,
 }
