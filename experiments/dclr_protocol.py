@@ -1,4 +1,4 @@
-"""The acting DCLR under the papers' protocol, end to end: every grid of docs/RESULTS.md's protocol section,
+"""Does DCLR beat SimCSE under the papers' protocol? The acting DCLR end to end: every grid of the protocol,
 its dev-only choice of the setting, and the experiments that use the choice, in one resumable command.
 
     python experiments/dclr_protocol.py --sts_dir $SENTEMB_DATA/sts --jobs 2 --threads 1

@@ -38,7 +38,7 @@ SIMCSE = "Gao et al. 2021 (SimCSE, EMNLP)"
 DCLR = "Zhou et al. 2022 (DCLR, ACL)"
 
 # Figures as the papers print them (the average is the paper's own, not recomputed). SimCSE's STS table is
-# Table 5 of the EMNLP version; its SBERT-NLI-base row quotes SBERT's Table 1. docs/RESULTS.md quotes the
+# Table 5 of the EMNLP version; its SBERT-NLI-base row quotes SBERT's Table 1. The results pages quote the
 # averages 74.89, 76.25 and 77.22 and SBERT's Table 2 figures.
 PAPERS: dict[str, Paper] = {
     "sbert_nli": Paper(

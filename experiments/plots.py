@@ -1,4 +1,4 @@
-"""Curves of runs from their TensorBoard logs: the plots of docs/RESULTS.md and notebook 4.
+"""How do two runs train? Curves of runs from their TensorBoard logs: the plots of notebook 4.
 
     python experiments/plots.py --out docs/simcse_vs_dclr.png \\
         SimCSE=runs/results/simcse_unsup DCLR=runs/results/dclr_paper_s42 ...

@@ -1,4 +1,4 @@
-"""Train the sentence-transformers peer of one of our objectives on the same rows, for docs/RESULTS.md.
+"""Does sentence-transformers, given the same rows, budget and seed, end where our objective ends? Train its peer.
 
 The rows come from our own data modules (``load_train_rows``), so both codebases see exactly the
 same training examples; the start model (offline all-MiniLM-L6-v2), batch size, optimizer steps,

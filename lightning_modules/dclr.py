@@ -85,9 +85,9 @@ class DCLR(SentenceEmbeddingModule):
     a ``*.ckpt`` of this codebase, the transformer's ``pooler_output`` for a hub SimCSE checkpoint (its
     conversion script stores the trained MLP as ``pooler``). The official overlay
     (``configs/dclr/official.yaml``) adds the trainer's side: gradients clipped at 1.0, the STS-B +
-    SICK-R dev mean every 125 steps, the best checkpoint. docs/RESULTS.md lists what still differs.
+    SICK-R dev mean every 125 steps, the best checkpoint. docs/DCLR.md lists what still differs.
 
-    With the paper's settings neither mechanism need act (docs/RESULTS.md measures it): the ascent
+    With the paper's settings neither mechanism need act (docs/DCLR.md): the ascent
     moves a noise vector of norm ~sqrt(H) by ``noise_beta`` in absolute terms, and a fixed phi may be
     above every in-batch complementary cosine. Two options make each act: ``noise_step="relative"``
     (each ascent step turns the noise by ``noise_beta`` times its own norm) and ``phi_quantile`` (the
@@ -309,7 +309,7 @@ class DCLR(SentenceEmbeddingModule):
             noise_weights = torch.ones_like(noise_sims)
             if comp_anchor is not None and self.use_weighting and not self.official:
                 # The paper weights noise too. The noise lives in the trained model's space, so this cosine
-                # compares vectors of two models; docs/RESULTS.md logs that it never masked a noise negative.
+                # compares vectors of two models (train/noise_masked_fraction logs how many it masks).
                 with torch.no_grad():
                     comp_noise = anchor_cosines(comp_anchor, noise)  # (B, k)
                     noise_weights = self._weights(comp_noise, threshold)

@@ -176,7 +176,7 @@ def dclr_noise_ascent(
     angle (in radians, for small beta) the step may turn it by, whatever the noise's scale. With the
     paper's absolute step a vector of norm ~19.6 (sigma 1, H = 384) turns by beta / 19.6.
 
-    How far the paper's settings move the noise is measured in docs/RESULTS.md ("DCLR's mechanisms").
+    How far the noise moves is logged by DCLR (train/noise_cos_shift, train/noise_step_norm; docs/DCLR.md).
 
     anchors, positives: (B, H)
     noise: (B, k, H) per-anchor noise (the paper) or (k, H) one set shared by the batch
