@@ -9,12 +9,14 @@ in ``LRS``, seed 42, the best checkpoint's mean of STS-B dev and SICK-R dev (sta
 scored). The best learning rate of each objective is then trained on seeds 42, 43 and 44, each with its own
 batch order, and scored once on the seven test tasks (stage ``test``). ``start`` scores the start model as it is,
 in mean pooling and in the first token's state (the cls regime's start); ``film`` runs FILM's three forms as
-shipped (one cell each: FILM has no learning rate to search; its deep form trains a linear head only).
+shipped (one cell each: FILM has no learning rate to search; its deep form trains a linear head only); ``dclr``
+runs DCLR at its paper settings with the same budget, its complementary model the chosen SimCSE of the same seed
+(after ``test`` has trained it).
 
 Every cell is an ``experiments/grid.py`` cell, so it resumes after a stop, is never overwritten and writes its
 record under ``results/objectives_*``; ``experiments/report.py`` builds the front page's table from the records,
-with the same choice rule (``choose`` below). Unsupervised SimCSE and DCLR have their own study, at a full epoch
-(``experiments/dclr_protocol.py``).
+with the same choice rule (``choose`` below). Unsupervised SimCSE and DCLR also have a study of their own at a
+full epoch (``experiments/dclr_protocol.py``).
 """
 from __future__ import annotations
 
@@ -43,7 +45,13 @@ OBJECTIVES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # the paper's batch is 512; 64 here, the CPU budget's (as MNR's)
     "simcse_sup": (("configs/simcse_sup.yaml", "configs/overlays/offline_nli.yaml"),
                    ("data.init_args.per_device_batch_size=64",)),
+    # cls pooling with SimCSE's MLP in training only, as the papers: the start's first token is below its target
+    "simcse_unsup": (("configs/simcse_unsup.yaml", "configs/overlays/offline_wiki.yaml"), ()),
 }
+# DCLR at its paper settings, its complementary model the chosen SimCSE of the same seed (it saw the batches, as
+# the paper's does): its cells wait for SimCSE's test cells (stage dclr, after test)
+DCLR = (("configs/dclr.yaml", "configs/overlays/offline_wiki.yaml"),
+        ("model.init_args.complementary_model={out}/objectives_simcse_unsup/base/seed{{seed}}/model.ckpt",))
 FILM = {
     "film_tfidf": (("configs/film_tfidf.yaml",), ("data.init_args.train_sources=[{data}/nli/snli.test.tsv,"
                                                   "{data}/nli/mnli.dev_matched.tsv]",)),
@@ -51,7 +59,7 @@ FILM = {
                                                                     "snli.test.tsv]",)),
     "film_deep_triplet": (("configs/film_deep_triplet.yaml", "configs/overlays/offline_nli.yaml", BUDGET), ()),
 }
-STAGES = ("dev", "test", "start", "film")
+STAGES = ("dev", "test", "start", "film", "dclr")
 
 
 def choose(found: list[dict]) -> dict | None:
@@ -73,6 +81,18 @@ def grid(args: argparse.Namespace, name: str, configs: tuple[str, ...], sets: tu
     return command
 
 
+def test_grid(args: argparse.Namespace, name: str, configs: tuple[str, ...], sets: tuple[str, ...],
+              known: list[dict]) -> list[str] | None:
+    """The chosen learning rate of ``name``'s dev grid on the test seeds, or None while the grid is unfinished."""
+    chosen = choose(records.select(known, f"objectives_dev_{name}"))
+    if chosen is None:
+        print(f"{name}: its dev grid has not finished; no test cells yet", flush=True)
+        return None
+    lr = chosen["values"]["model.init_args.lr"]
+    return grid(args, f"objectives_{name}", (*configs, BUDGET), (*sets, f"model.init_args.lr={lr}"),
+                "--select", "best", "--seeds", SEEDS)
+
+
 def commands(args: argparse.Namespace, stage: str) -> list[list[str]]:
     data = {"data": args.data}
     if stage == "dev":
@@ -80,17 +100,16 @@ def commands(args: argparse.Namespace, stage: str) -> list[list[str]]:
                      "--vary", f"model.init_args.lr={','.join(LRS)}", "--seeds", "42")
                 for name, (configs, sets) in OBJECTIVES.items()]
     if stage == "test":
-        out = []
         known = records.load_all(args.records)
-        for name, (configs, sets) in OBJECTIVES.items():
-            chosen = choose(records.select(known, f"objectives_dev_{name}"))
-            if chosen is None:
-                print(f"{name}: its dev grid has not finished; no test cells yet", flush=True)
-                continue
-            lr = chosen["values"]["model.init_args.lr"]
-            out.append(grid(args, f"objectives_{name}", (*configs, BUDGET), (*sets, f"model.init_args.lr={lr}"),
-                            "--select", "best", "--seeds", SEEDS))
-        return out
+        found = [test_grid(args, name, configs, sets, known) for name, (configs, sets) in OBJECTIVES.items()]
+        return [c for c in found if c is not None]
+    if stage == "dclr":  # one grid after the other: the test cells need the dev grid's choice
+        configs, sets = DCLR[0], tuple(s.format(out=args.out) for s in DCLR[1])
+        dev = grid(args, "objectives_dev_dclr", (*configs, BUDGET), sets, "--select", "best", "--dev_only",
+                   "--vary", f"model.init_args.lr={','.join(LRS)}", "--seeds", "42")
+        subprocess.run(dev, cwd=ROOT)
+        final = test_grid(args, "dclr", configs, sets, records.load_all(args.records))
+        return [final] if final is not None else []
     if stage == "start":
         return [[sys.executable, str(ROOT / "experiments" / "grid.py"), "--name", f"start_{pooling}", "--model", START,
                  "--pooling", pooling, "--sts_dir", f"{args.data}/sts", "--threads", str(args.threads),
