@@ -172,3 +172,37 @@ def test_every_block_is_placed_and_every_placed_block_has_a_generator(project):
                     .replace("<!-- /report:per_seed -->", "<!-- /report:per_sead -->"))
     with pytest.raises(SystemExit, match="block 'per_sead' has no generator"):
         report.run(project, check=True)
+
+
+def bench_record(project, name: str, figures: dict, notes: dict, date: str = "2026-12-06") -> None:
+    import json as _json
+
+    path = project / "results" / "benchmarks" / name / f"{date}-test-cpu.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(_json.dumps({"schema": 1, "benchmark": name, "command": ["python", f"benchmarks/{name}.py"],
+                                 "machine": {**ATTEMPT["machine"], "threads": 1}, "versions": ATTEMPT["versions"],
+                                 "commit": "abc", "date": date, "figures": figures, "notes": notes}))
+
+
+def test_the_speed_tables_come_from_benchmark_records(project):
+    figures = {"identical batches/ours / identical batches/theirs ratio": 2.04,
+               "identical batches/ours, padded / identical batches/theirs ratio": 1.02,
+               "identical batches/ours / identical batches/ours, padded ratio": 2.0,
+               "identical batches/ours steps/s": 0.5, "identical batches/theirs steps/s": 0.245,
+               "identical batches/ours, padded steps/s": 0.25, "identical batches/ours real token share": 0.43}
+    bench_record(project, "train_throughput_padding_free", figures, {"precision": "32", "batch_size": 64,
+                                                                     "max_length": 64, "steps": 8, "reps": 3})
+    assert {p.split(" ")[0] for p in report.run(project, check=True)} == {"README.md", "docs/PERFORMANCE.md"}
+    report.run(project)
+    readme = (project / "README.md").read_text()
+    row = next(line for line in readme.splitlines() if line.startswith("| MNR training step, ours / sentence"))
+    assert "**2.04x**" in row and "Test CPU (no bf16 units (AVX2)), 1 thread(s) of 2 cores; 2026-12-06" in row
+    assert "| MNR training step, padding-free / padded, same batches (32) | **2.00x**" in readme
+    assert "Processor families with a record: Test CPU without bf16 units." in readme
+    assert report.run(project, check=True) == []
+    # a benchmark record without its figures is refused, naming the file
+    broken = next((project / "results" / "benchmarks").glob("*/*.json"))
+    text = broken.read_text().replace('"figures"', '"figurez"')
+    broken.write_text(text)
+    with pytest.raises(records.RecordError, match="missing field 'figures'"):
+        report.run(project, check=True)
