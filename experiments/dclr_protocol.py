@@ -1,51 +1,81 @@
-"""Does DCLR beat SimCSE under the papers' protocol? The acting DCLR end to end: every grid of the protocol,
-its dev-only choice of the setting, and the experiments that use the choice, in one resumable command.
+"""Does DCLR beat SimCSE when both get the same tuning budget? The papers' protocol on one footing, end to end, in
+one resumable command.
 
-    python experiments/dclr_protocol.py --sts_dir $SENTEMB_DATA/sts --jobs 2 --threads 1
+    python experiments/dclr_protocol.py --sts_dir $SENTEMB_DATA/sts --transfer_dir $SENTEMB_DATA/senteval \\
+        --jobs 2 --threads 1 [--stages simcse_dev,simcse,dclr_dev,final,false_negatives,distillation,official,transfer]
 
-Each grid is a ``experiments/grid.py`` call (printed before it runs), so each cell resumes and is never
-overwritten. The grids of a stage run at the same time when their cells fit in ``--jobs``. The stages:
+The protocol (``configs/overlays/dclr_protocol.yaml``): one epoch of the offline wiki sentences, batch 64, STS-B dev
+and SICK-R dev every 50 steps, the best checkpoint on their mean; both methods in the papers' regime (cls pooling,
+SimCSE's MLP in training only) from all-MiniLM-L6-v2. Every choice is made on dev alone, seed 42; the seven test
+tasks are scored once, for the choices. Each seed has its own batch order. The stages:
 
-1. ``arms``: SimCSE on seeds ``--seeds`` (batch order = seed): the SimCSE arm, and the complementary model
-   that saw the batches (SimCSE of the same seed); SimCSE on batch order 1000, dev only: the
-   complementary model that never saw them.
-2. ``dev``: the first seed, dev only: noise beta x weighting quantile (3 x 3, the complementary model that saw the
-   batches). Beside it, cells that need no DCLR choice: SimCSE's positive augmentations (first seed) and
-   SimCSE's data fractions.
-3. ``dev2``: the first seed, dev only: one factor at a time around the best cell of ``dev``: k (noise_ratio 2, 4),
-   the fixed threshold phi 0.5 and 0.7 in place of the quantile, and the complementary model that never saw
-   the batches. Beside it, SimCSE's augmentations on the second and third seeds.
-   **The choice**: the dev cell (of ``dev`` and ``dev2``) with the highest mean of STS-B dev and SICK-R dev at
-   its best checkpoint, written to ``OUT/protocol_choice.json``. No test task has been scored for it.
-4. ``final``: the chosen setting on ``--seeds`` (the seven test tasks scored once, here), its two halves
-   (noise only: ``use_weighting=false``; weighting only: ``use_noise=false``), and the chosen setting with the
-   other complementary model.
-5. ``extra``: the chosen setting under each positive augmentation (the first three seeds) and data fraction
-   (the first seed), and distillation in place of weighting (the first three seeds).
-6. ``transfer``: SentEval's transfer tasks (``--transfer_dir``) for the first seed's models of both arms.
+1. ``simcse_dev``: SimCSE's search over the knobs both methods share: the positive view (dropout, or dropout plus
+   token shuffle, token cutoff, span cutoff or feature cutoff) x lr {1e-5, 3e-5, 5e-5}: ``BUDGET`` cells.
+2. ``simcse``: the chosen SimCSE on ``--seeds`` (the arm, and each seed's complementary model: it saw the
+   batches), and SimCSE as shipped (dropout, lr 3e-5) on the same seeds, for the dropout-only comparison.
+3. ``dclr_dev``: DCLR from SimCSE's chosen view and lr, searching its own knobs with the same number of cells: the
+   noise step ``noise_beta`` {0.05, 0.1, 0.2} (relative steps) x the weighting rule (a fixed phi 0.9 or 0.7, or
+   the batch quantile 0.95, 0.98 or 0.99), the complementary model the chosen SimCSE of seed 42.
+4. ``final``: the chosen DCLR on ``--seeds`` (paired with the chosen SimCSE by seed); the same DCLR settings with
+   the dropout view and lr 3e-5 (paired with SimCSE as shipped: the earlier comparison); and its two halves, noise
+   only (``use_weighting=false``) and weighting only (``use_noise=false``), on the first three seeds.
+5. ``false_negatives``: batches of near neighbours (``data.init_args.neighbour_batches``: groups of 8 by the start
+   model's own embeddings): SimCSE chosen, weighting only and the chosen DCLR, three seeds, each weighting by the
+   SimCSE trained on those batches.
+6. ``distillation``: the chosen DCLR with distillation in place of weighting (a teacher of two dropout views),
+   three seeds, paired with noise only.
+7. ``official``: ``form: official`` with its overlay, under the protocol, three seeds, paired with the chosen
+   SimCSE.
+8. ``transfer``: SentEval's transfer tasks for the start (its pipeline's unit vectors, and the raw pooled ones).
+   The ``simcse`` and ``final`` arms score the transfer tasks with the test tasks when ``--transfer_dir`` is given.
 
-``--stages`` runs a prefix or a selection (a later stage needs the choice of ``dev2``); ``--deadline S`` starts no
-stage after S seconds (a stage that started runs to its end). ``--config`` adds overlays after the
-protocol's (the test suite's smoke run uses it for the tiny model).
+Each stage is ``experiments/grid.py`` calls (printed as they start), so every cell resumes after a stop, is never
+overwritten and writes its record (``results/protocol_*``); ``experiments/report.py`` builds
+docs/results/simcse_dclr.md from the records with the choice rule below (``choose``). ``--config`` adds overlays
+after the protocol's (the tests use the tiny model).
 """
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import records
 from records import ROOT
-STAGES = ("arms", "dev", "dev2", "final", "extra", "transfer")
-AUGMENTATIONS = ("token_shuffle", "token_cutoff", "span_cutoff", "feature_cutoff")
-# data.init_args.fraction: 30 % keeps 124 steps (dev every 50); the smaller ones validate at their epoch's end
-FRACTIONS_LARGE = ("0.3",)
-FRACTIONS_SMALL = ("0.1", "0.03", "0.01", "0.003")
+
+STAGES = ("simcse_dev", "simcse", "dclr_dev", "final", "false_negatives", "distillation", "official", "transfer")
+VIEWS = ("dropout", "token_shuffle", "token_cutoff", "span_cutoff", "feature_cutoff")
+LRS = ("1e-5", "3e-5", "5e-5")
+BUDGET = len(VIEWS) * len(LRS)  # cells of each method's dev search
+BETAS = ("0.05", "0.1", "0.2")
+PHIS = ("0.9", "0.7")
+QUANTILES = ("0.95", "0.98", "0.99")
+assert len(BETAS) * (len(PHIS) + len(QUANTILES)) == BUDGET  # the same budget for both methods
+START = "sentence-transformers/all-MiniLM-L6-v2"
 M = "model.init_args."
+
+
+def dev_mean(record: dict) -> float:
+    return (record["dev"]["stsb"] + record["dev"]["sickr"]) / 2
+
+
+def choose(found: list[dict]) -> dict | None:
+    """The dev cell of the highest mean of STS-B dev and SICK-R dev at its selected checkpoint (the first of equals
+    in cell order); None while the search has not finished all its cells."""
+    if len(found) < BUDGET:
+        return None
+    return max(sorted(found, key=lambda r: (r["study"], r["cell"])), key=dev_mean)
+
+
+def settings(record: dict) -> dict[str, str]:
+    """A dev cell's model settings: its varied values and its fixed ``model.init_args`` overrides, but the
+    complementary model (each later cell takes the one of its own seed) and the noise step (every DCLR cell's)."""
+    found = dict(o.partition("=")[::2] for o in record["overrides"] if o.startswith(M))
+    found = {**found, **record["values"]}
+    return {k: v for k, v in found.items() if k not in (f"{M}complementary_model", f"{M}noise_step")}
 
 
 class Protocol:
@@ -53,195 +83,149 @@ class Protocol:
         self.args = args
         self.out: Path = args.out
         overlays = ["configs/overlays/offline_wiki.yaml", "configs/overlays/dclr_protocol.yaml", *args.config]
-        self.common = [a for c in overlays for a in ("--config", c)] + [
-            "--sts_dir", args.sts_dir, "--select", "best", "--threads", str(args.threads),
-            "--eval_precision", args.eval_precision, "--out", str(self.out)]
+        self.overlays = overlays
+        self.seeds = args.seeds
+        self.three = ",".join(args.seeds.split(",")[:3])
         self.simcse = ["--config", "configs/simcse_unsup.yaml"]
-        self.acting = ["--config", "configs/dclr.yaml", "--set", f"{M}noise_step=relative"]
-        self.dev_seed = args.seeds.split(",")[0]  # the dev grid's, the data fractions' and the transfer models'
-        self.three_seeds = ",".join(args.seeds.split(",")[:3])  # augmentations and distillation
-        # the complementary models: SimCSE of the cell's seed (grid.py fills in {seed})
-        self.comp_saw, self.comp_never = (f"{M}complementary_model={self.out / name}/base/seed{{seed}}/model.ckpt"
-                                          for name in ("protocol_simcse", "protocol_simcse_order1000"))
+        self.dclr = ["--config", "configs/dclr.yaml", "--set", f"{M}noise_step=relative"]
+        self.dev_seed = args.seeds.split(",")[0]
 
-    # -- running ---------------------------------------------------------------------------------------------
+    # -- running ------------------------------------------------------------------------------------------------
     def grid(self, name: str, base: list[str], *extra: str, seeds: str | None = None, dev_only: bool = False,
-             cells: int = 1) -> list[str]:
-        seeds = seeds or self.dev_seed
+             transfer: bool = False, overlays: list[str] | None = None) -> list[str]:
         command = [sys.executable, str(ROOT / "experiments" / "grid.py"), "--name", name, *base[:2],
-                   *self.common, *base[2:], *extra, "--seeds", seeds, "--jobs", str(cells)]
-        return command + (["--dev_only"] if dev_only else [])
+                   *[a for c in (overlays or self.overlays) for a in ("--config", c)], *base[2:], *extra,
+                   "--sts_dir", self.args.sts_dir, "--select", "best", "--threads", str(self.args.threads),
+                   "--eval_precision", self.args.eval_precision, "--out", str(self.out), "--records",
+                   str(self.args.records), "--seeds", seeds or self.dev_seed, "--jobs", str(self.args.jobs)]
+        if dev_only:
+            command.append("--dev_only")
+        if transfer and self.args.transfer_dir:
+            command += ["--transfer_dir", self.args.transfer_dir]
+        return command
 
     def run_stage(self, stage: str, commands: list[list[str]]) -> bool:
-        """The stage's grids at the same time when their cells fit in ``--jobs``, else one after another with
-        ``--jobs`` cells each."""
-        cells = [int(c[c.index("--jobs") + 1]) if "--jobs" in c else 1 for c in commands]
-        together = sum(cells) <= self.args.jobs
-        if not together:
-            for c in commands:
-                if "--jobs" in c:
-                    c[c.index("--jobs") + 1] = str(min(self.args.jobs, int(c[c.index("--jobs") + 1])))
-        print(f"== stage {stage}: {len(commands)} command(s), {sum(cells)} cell(s), "
-              f"{'at the same time' if together else 'one after another'}", flush=True)
+        """The stage's grids one after another, each running ``--jobs`` cells at a time."""
+        print(f"== stage {stage}: {len(commands)} grid(s)", flush=True)
+        start, codes = time.time(), []
         for c in commands:
             print("$ " + shlex.join(c).replace(str(ROOT) + "/", ""), flush=True)
-        start = time.time()
-        with ThreadPoolExecutor(max_workers=len(commands) if together else 1) as pool:
-            codes = list(pool.map(lambda c: subprocess.run(c, cwd=ROOT, stdout=subprocess.DEVNULL).returncode,
-                                  commands))
+            codes.append(subprocess.run(c, cwd=ROOT).returncode)
         print(f"== stage {stage}: {time.time() - start:.0f} s, exit codes {codes}", flush=True)
         return all(c == 0 for c in codes)
 
-    # -- the choice --------------------------------------------------------------------------------------------
-    def dev_mean(self, cell: Path) -> float | None:
-        try:
-            dev = json.loads((cell / "dev.json").read_text())
-            return (dev["stsb"] + dev["sickr"]) / 2
-        except (OSError, KeyError, ValueError):
-            return None
+    def known(self) -> list[dict]:
+        return records.load_all(self.args.records)
 
-    def dev_cells(self, grid: str) -> list[tuple[float, Path]]:
-        cells = [(self.dev_mean(c), c) for c in sorted((self.out / grid).glob(f"*/seed{self.dev_seed}"))]
-        return [(m, c) for m, c in cells if m is not None]
-
-    def settings(self, cell: Path) -> list[str]:
-        """The cell's model overrides as ``KEY=VALUE`` (read from its ``command`` file), the seed as ``{seed}``."""
-        words = shlex.split((cell / "command").read_text())
-        keep = []
-        for flag, value in zip(words, words[1:]):
-            if flag.startswith(f"--{M}") and flag != f"--{M}noise_step":
-                keep.append(f"{flag[2:]}={value}")
-        return [w.replace(f"/seed{self.dev_seed}/", "/seed{seed}/") for w in keep]
-
-    def best_dev(self, grids: list[str]) -> tuple[float, Path]:
-        found = [mc for g in grids for mc in self.dev_cells(g)]
-        if not found:
-            raise SystemExit(f"error: no finished dev cell in {', '.join(grids)} under {self.out}")
-        return max(found, key=lambda mc: mc[0])
-
-    def choice(self) -> dict:
-        path = self.out / "protocol_choice.json"
-        if path.exists():
-            return json.loads(path.read_text())
-        raise SystemExit(f"error: {path} is missing: run the stages arms, dev and dev2 first")
-
-    # -- the stages ----------------------------------------------------------------------------------------------
-    def stage_arms(self) -> list[list[str]]:
-        n = len(self.args.seeds.split(","))
-        return [self.grid("protocol_simcse", self.simcse, seeds=self.args.seeds, cells=n),
-                self.grid("protocol_simcse_order1000", self.simcse, "--set", "data.init_args.seed=1000",
-                          seeds=self.args.seeds, dev_only=True, cells=n)]
-
-    def stage_dev(self) -> list[list[str]]:
-        return [
-            self.grid("protocol_dev_noise_weighting", self.acting, "--set", self.comp_saw,
-                      "--vary", f"{M}noise_beta=0.05,0.1,0.2", "--vary", f"{M}phi_quantile=0.95,0.98,0.99",
-                      dev_only=True, cells=9),
-            self.grid("protocol_simcse_augment", self.simcse, "--vary", f"{M}augmentation={','.join(AUGMENTATIONS)}",
-                      cells=len(AUGMENTATIONS)),
-            *self.fraction_grids("protocol_simcse_fraction", self.simcse, []),
-        ]
-
-    def fraction_grids(self, name: str, base: list[str], chosen: list[str]) -> list[list[str]]:
-        return [self.grid(name, base, *chosen, "--vary", f"data.init_args.fraction={','.join(FRACTIONS_LARGE)}",
-                          dev_only=True, cells=len(FRACTIONS_LARGE)),
-                self.grid(name + "_small", base, *chosen, "--set", "trainer.val_check_interval=1.0",
-                          "--vary", f"data.init_args.fraction={','.join(FRACTIONS_SMALL)}", dev_only=True,
-                          cells=len(FRACTIONS_SMALL))]
-
-    def stage_dev2(self) -> list[list[str]]:
-        mean, best = self.best_dev(["protocol_dev_noise_weighting"])
-        around = self.settings(best)
-        beta = next(s for s in around if s.startswith(f"{M}noise_beta="))
-        quantile = next(s for s in around if s.startswith(f"{M}phi_quantile="))
-        print(f"best of the noise x weighting grid: {best.parent.name} (dev mean {mean:.2f})", flush=True)
-        return [
-            self.grid("protocol_dev_k", self.acting, "--set", self.comp_saw, "--set", beta, "--set", quantile,
-                      "--vary", f"{M}noise_ratio=2,4", dev_only=True, cells=2),
-            self.grid("protocol_dev_phi", self.acting, "--set", self.comp_saw, "--set", beta,
-                      "--vary", f"{M}phi=0.5,0.7", dev_only=True, cells=2),
-            self.grid("protocol_dev_comp_never", self.acting, "--set", self.comp_never, "--set", beta, "--set", quantile,
-                      dev_only=True),
-            self.grid("protocol_simcse_augment", self.simcse, "--vary", f"{M}augmentation={','.join(AUGMENTATIONS)}",
-                      seeds=self.three_seeds, cells=2 * len(AUGMENTATIONS)),
-        ]
-
-    def choose(self) -> dict:
-        grids = ["protocol_dev_noise_weighting", "protocol_dev_k", "protocol_dev_phi", "protocol_dev_comp_never"]
-        mean, best = self.best_dev(grids)
-        sets = self.settings(best)
-        table = {str(c.relative_to(self.out).parent): round(m, 3) for g in grids for m, c in self.dev_cells(g)}
-        chosen = {"cell": str(best.relative_to(self.out)), "dev_mean": round(mean, 3), "sets": sets,
-                  "complementary": "never" if "protocol_simcse_order1000" in " ".join(sets) else "saw",
-                  "dev_grid": table}
-        (self.out / "protocol_choice.json").write_text(json.dumps(chosen, indent=2) + "\n")
-        print(f"chosen on dev: {chosen['cell']} (dev mean {mean:.2f}): {' '.join(sets)}", flush=True)
+    def choice(self, studies: tuple[str, ...], what: str) -> dict:
+        found = [r for s in studies for r in records.select(self.known(), s)]
+        chosen = choose(found)
+        if chosen is None:
+            raise SystemExit(f"error: {what}'s dev search has {len(found)} of {BUDGET} cells in {self.args.records}; "
+                             f"run its stage first")
         return chosen
 
+    def simcse_choice(self) -> dict[str, str]:
+        chosen = settings(self.choice(("protocol_simcse_dev",), "SimCSE"))
+        return {f"{M}augmentation": chosen[f"{M}augmentation"], f"{M}lr": chosen[f"{M}lr"]}
+
+    def dclr_choice(self) -> dict[str, str]:
+        return settings(self.choice(("protocol_dclr_dev_phi", "protocol_dclr_dev_quantile"), "DCLR"))
+
+    def comp(self, study: str) -> str:
+        """Each seed's complementary model: the cell of that seed in ``study`` (grid.py fills in {seed})."""
+        return f"{M}complementary_model={self.out}/{study}/base/seed{{seed}}/model.ckpt"
+
+    @staticmethod
+    def sets(values: dict[str, str]) -> list[str]:
+        return [a for k, v in values.items() for a in ("--set", f"{k}={v}")]
+
+    # -- the stages ---------------------------------------------------------------------------------------------
+    def stage_simcse_dev(self) -> list[list[str]]:
+        return [self.grid("protocol_simcse_dev", self.simcse, "--vary", f"{M}augmentation={','.join(VIEWS)}",
+                          "--vary", f"{M}lr={','.join(LRS)}", dev_only=True)]
+
+    def stage_simcse(self) -> list[list[str]]:
+        chosen = self.sets(self.simcse_choice())
+        return [self.grid("protocol_simcse", self.simcse, *chosen, seeds=self.seeds, transfer=True),
+                self.grid("protocol_simcse_dropout", self.simcse, seeds=self.seeds)]
+
+    def stage_dclr_dev(self) -> list[list[str]]:
+        base = [*self.dclr, *self.sets(self.simcse_choice()), "--set", self.comp("protocol_simcse")]
+        return [self.grid("protocol_dclr_dev_phi", base, "--vary", f"{M}noise_beta={','.join(BETAS)}",
+                          "--vary", f"{M}phi={','.join(PHIS)}", dev_only=True),
+                self.grid("protocol_dclr_dev_quantile", base, "--vary", f"{M}noise_beta={','.join(BETAS)}",
+                          "--vary", f"{M}phi_quantile={','.join(QUANTILES)}", dev_only=True)]
+
     def stage_final(self) -> list[list[str]]:
-        chosen = self.choice()
-        sets = [a for s in chosen["sets"] for a in ("--set", s)]
-        other = self.comp_saw if chosen["complementary"] == "never" else self.comp_never
-        other_sets = [a for s in chosen["sets"] if "complementary_model" not in s for a in ("--set", s)]
-        n = len(self.args.seeds.split(","))
-        seeds = self.args.seeds
+        chosen = {**self.dclr_choice(), **self._comp_of("protocol_simcse")}
+        dropout = {**chosen, f"{M}augmentation": "dropout", f"{M}lr": "3e-5"}
         return [
-            self.grid("protocol_dclr", self.acting, *sets, seeds=seeds, cells=n),
-            self.grid("protocol_dclr_noise_only", self.acting, *sets, "--set", f"{M}use_weighting=false",
-                      seeds=seeds, cells=n),
-            self.grid("protocol_dclr_weighting_only", self.acting, *sets, "--set", f"{M}use_noise=false",
-                      seeds=seeds, cells=n),
-            self.grid("protocol_dclr_comp_" + ("saw" if other == self.comp_saw else "never"), self.acting, *other_sets,
-                      "--set", other, seeds=seeds, cells=n),
+            self.grid("protocol_dclr", self.dclr, *self.sets(chosen), seeds=self.seeds, transfer=True),
+            self.grid("protocol_dclr_dropout", self.dclr, *self.sets({**dropout, **self._comp_of("protocol_simcse_dropout")}),
+                      seeds=self.seeds),
+            self.grid("protocol_dclr_noise_only", self.dclr, *self.sets(chosen), "--set", f"{M}use_weighting=false",
+                      seeds=self.three, transfer=True),
+            self.grid("protocol_dclr_weighting_only", self.dclr, *self.sets(chosen), "--set", f"{M}use_noise=false",
+                      seeds=self.three),
         ]
 
-    def stage_extra(self) -> list[list[str]]:
-        chosen = self.choice()
-        sets = [a for s in chosen["sets"] for a in ("--set", s)]
+    def _comp_of(self, study: str) -> dict[str, str]:
+        key, _, value = self.comp(study).partition("=")
+        return {key: value}
+
+    def stage_false_negatives(self) -> list[list[str]]:
+        neighbours = ["--set", f"data.init_args.neighbour_batches={START}", "--set", "data.init_args.neighbour_group_size=8"]
+        chosen = {**self.dclr_choice(), **self._comp_of("protocol_fn_simcse")}
         return [
-            self.grid("protocol_dclr_augment", self.acting, *sets,
-                      "--vary", f"{M}augmentation={','.join(AUGMENTATIONS)}", seeds=self.three_seeds,
-                      cells=3 * len(AUGMENTATIONS)),
-            *self.fraction_grids("protocol_dclr_fraction", self.acting, sets),
-            self.grid("protocol_dclr_distill", self.acting, *sets, "--set", f"{M}use_weighting=false",
-                      "--set", f"{M}distillation_weight=1.0", seeds=self.three_seeds, cells=3),
+            self.grid("protocol_fn_simcse", self.simcse, *self.sets(self.simcse_choice()), *neighbours, seeds=self.three),
+            self.grid("protocol_fn_weighting_only", self.dclr, *self.sets(chosen), "--set", f"{M}use_noise=false",
+                      *neighbours, seeds=self.three),
+            self.grid("protocol_fn_dclr", self.dclr, *self.sets(chosen), *neighbours, seeds=self.three),
         ]
+
+    def stage_distillation(self) -> list[list[str]]:
+        chosen = {**self.dclr_choice(), **self._comp_of("protocol_simcse")}
+        return [self.grid("protocol_dclr_distill", self.dclr, *self.sets(chosen),
+                          "--set", f"{M}use_weighting=false", "--set", f"{M}distillation_weight=1.0", seeds=self.three)]
+
+    def stage_official(self) -> list[list[str]]:
+        overlays = ["configs/dclr/official.yaml", *self.overlays]  # the protocol's cadence and selection win
+        base = ["--config", "configs/dclr.yaml", "--set", self.comp("protocol_simcse"),
+                *self.sets(self.simcse_choice())]
+        return [self.grid("protocol_dclr_official", base, seeds=self.three, overlays=overlays)]
 
     def stage_transfer(self) -> list[list[str]]:
         if not self.args.transfer_dir:
             raise SystemExit("error: the stage transfer needs --transfer_dir (SentEval's transfer tasks)")
-        commands = []
-        for name in ("protocol_simcse", "protocol_dclr"):
-            cell = self.out / name / "base" / f"seed{self.dev_seed}"
-            commands.append([sys.executable, str(ROOT / "evaluate.py"), "--ckpt_path", str(cell / "model.ckpt"),
-                             "--tasks", "transfer", "--transfer_dir", self.args.transfer_dir,
-                             "--sts_dir", self.args.sts_dir, "--output", str(cell / "transfer.json")])
-        return commands
+        out = []
+        for name, normalize in (("protocol_start_transfer", "auto"), ("protocol_start_transfer_raw", "no")):
+            out.append([sys.executable, str(ROOT / "experiments" / "grid.py"), "--name", name, "--model", START,
+                        "--sts_dir", self.args.sts_dir, "--transfer_dir", self.args.transfer_dir,
+                        "--eval_arg", f"--normalize={normalize}", "--eval_precision", self.args.eval_precision,
+                        "--threads", str(self.args.threads), "--out", str(self.out), "--records",
+                        str(self.args.records)])
+        return out
 
     def run(self) -> int:
-        start = time.time()
         ok = True
         for stage in self.args.stages:
-            if self.args.deadline and time.time() - start > self.args.deadline:
-                print(f"== deadline: stage {stage} and later not started", flush=True)
-                break
             ok &= self.run_stage(stage, getattr(self, f"stage_{stage}")())
-            if stage == "dev2":
-                self.choose()
         return 0 if ok else 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sts_dir", required=True, help="the seven STS tasks' files (evaluate.py's --sts_dir)")
+    parser.add_argument("--transfer_dir", default=None, help="SentEval's transfer tasks (the arms and the start)")
     parser.add_argument("--seeds", default="42,43,44,45,46", help="the arms' seeds (default 42,...,46)")
     parser.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)}")
     parser.add_argument("--config", action="append", default=[], help="overlays after the protocol's")
-    parser.add_argument("--jobs", type=int, default=2, help="cells trained at the same time (default 2)")
+    parser.add_argument("--jobs", type=int, default=2, help="cells of a grid trained at the same time (default 2)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each cell")
-    parser.add_argument("--transfer_dir", default=None, help="SentEval's transfer tasks, for the stage transfer")
-    parser.add_argument("--eval_precision", default="bf16", choices=["32", "bf16", "16"])
-    parser.add_argument("--deadline", type=float, default=0, help="start no stage after this many seconds (0: none)")
+    parser.add_argument("--eval_precision", default="32", choices=["32", "bf16", "16"])
+    parser.add_argument("--records", type=Path, default=records.RECORDS)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "grid")
     args = parser.parse_args(argv)
     args.stages = [s.strip() for s in args.stages.split(",") if s.strip()]

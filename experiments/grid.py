@@ -149,7 +149,7 @@ def evaluate_command(args: argparse.Namespace, source: list[str], output: Path) 
                "--precision", args.eval_precision, "--output", str(output)]
     if args.transfer_dir:
         command += ["--tasks", "all", "--transfer_dir", args.transfer_dir]
-    return command
+    return command + list(args.eval_arg)
 
 
 class Children:
@@ -277,7 +277,8 @@ def write_record(args: argparse.Namespace, cell: Path, assignment: dict[str, str
     monitor = records.nested(config, "checkpoint.monitor") if args.select == "best" else None
     record = records.build(
         study=args.name, cell=label, values=dict(assignment), overrides=cell_overrides(args, assignment, seed),
-        configs=list(args.config or []) + ([f"model: {args.model}"] if args.model else []), seed=seed,
+        configs=list(args.config or []) + ([f"model: {args.model}"] if args.model else [])
+        + [f"evaluate.py {a}" for a in args.eval_arg], seed=seed,
         data_seed=hparams["data_seed"],
         selection={"rule": "none" if args.model else args.select, "monitor": monitor, "step": dev.get("step")},
         dev_curve=records.dev_curve(series), dev={k: dev[k] for k in DEV if k in dev},
@@ -383,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dev_only", action="store_true", help="score no test task: a dev grid that chooses settings")
     parser.add_argument("--transfer_dir", default=None,
                         help="also score SentEval's transfer tasks from this folder (evaluate.py --tasks all)")
+    parser.add_argument("--eval_arg", action="append", default=[], metavar="--OPTION=VALUE",
+                        help="an extra evaluate.py option of every cell, e.g. --eval_arg=--normalize=no")
     parser.add_argument("--records", type=Path, default=records.RECORDS,
                         help="where each finished cell's record goes (default: results/ of the repository)")
     parser.add_argument("--table_only", action="store_true", help="print the table of what has finished; run nothing")

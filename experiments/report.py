@@ -31,8 +31,8 @@ from papers import PAPERS, SBERT_STSB, PaperRow  # noqa: E402
 from records import DEV, ROOT, STS  # noqa: E402
 
 BLOCK = re.compile(r"(<!-- report:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /report:(?P=name) -->)", re.S)
-PAGES = ("README.md", "docs/RESULTS.md", "docs/results/objectives.md", "docs/PERFORMANCE.md", "docs/EVALUATION.md",
-         "docs/FILM.md")
+PAGES = ("README.md", "docs/RESULTS.md", "docs/results/objectives.md", "docs/results/simcse_dclr.md",
+         "docs/PERFORMANCE.md", "docs/EVALUATION.md", "docs/FILM.md")
 NAMES = {"sts12": "STS12", "sts13": "STS13", "sts14": "STS14", "sts15": "STS15", "sts16": "STS16",
          "stsb": "STS-B", "sickr": "SICK-R", "avg": "avg"}
 
@@ -420,6 +420,108 @@ def film_pairs(data: Data) -> str:
     return "\n".join(lines)
 
 
+# -- SimCSE and DCLR on one footing (experiments/dclr_protocol.py) ---------------------------------------------
+def protocol_search(data: Data) -> str:
+    import dclr_protocol as dp
+
+    lines = []
+    for what, studies, keys in (("SimCSE", ("protocol_simcse_dev",), (f"{dp.M}augmentation", f"{dp.M}lr")),
+                                ("DCLR", ("protocol_dclr_dev_phi", "protocol_dclr_dev_quantile"),
+                                 (f"{dp.M}noise_beta", f"{dp.M}phi", f"{dp.M}phi_quantile"))):
+        found = [r for st in studies for r in records.select(data, st)]
+        chosen = dp.choose(found)
+        lines += [f"**{what}**: {len(found)} of {dp.BUDGET} dev cells"
+                  + (f"; chosen: {chosen['cell']} (dev mean {dp.dev_mean(chosen):.2f})." if chosen else "."), "",
+                  "| cell | best step | STS-B dev | SICK-R dev | dev mean |", "|---|---|---|---|---|"]
+        for r in sorted(found, key=lambda r: (r["study"], r["cell"])):
+            mark = " **(chosen)**" if chosen is not None and r is chosen else ""
+            lines.append(f"| {r['cell']}{mark} | {r['selection']['step']} | {fmt(r['dev']['stsb'])} | "
+                         f"{fmt(r['dev']['sickr'])} | {fmt(dp.dev_mean(r))} |")
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
+PAIRS = (  # (row, reference study, compared study): paired by seed on the seven-task test average
+    ("DCLR (dev-chosen) - SimCSE (dev-chosen): the headline", "protocol_simcse", "protocol_dclr"),
+    ("DCLR - SimCSE, both with dropout views at lr 3e-5: the earlier comparison", "protocol_simcse_dropout",
+     "protocol_dclr_dropout"),
+    ("noise only - SimCSE", "protocol_simcse", "protocol_dclr_noise_only"),
+    ("weighting only - SimCSE", "protocol_simcse", "protocol_dclr_weighting_only"),
+    ("neighbour batches: weighting only - SimCSE", "protocol_fn_simcse", "protocol_fn_weighting_only"),
+    ("neighbour batches: DCLR - SimCSE", "protocol_fn_simcse", "protocol_fn_dclr"),
+    ("distillation in place of weighting - noise only", "protocol_dclr_noise_only", "protocol_dclr_distill"),
+    ("official form - SimCSE", "protocol_simcse", "protocol_dclr_official"),
+)
+
+
+def protocol_pairs(data: Data) -> str:
+    lines = ["| comparison | seeds | reference | compared | difference (mean ± sd) | 95 % interval | paired t (p) | "
+             "sign-flip p |", "|---|---|---|---|---|---|---|---|"]
+    for label, a, b in PAIRS:
+        ra = {r["seed"]: r["test"]["avg"] for r in test_records(records.select(data, a))}
+        rb = {r["seed"]: r["test"]["avg"] for r in test_records(records.select(data, b))}
+        seeds = sorted(set(ra) & set(rb))
+        if len(seeds) < 2:
+            lines.append(f"| {label} | {len(seeds)} | — | — | not enough paired seeds yet | | | |")
+            continue
+        p = stats.paired(ra, rb)
+        lines.append(f"| {label} | {', '.join(map(str, seeds))} | {stats.summary([ra[s] for s in seeds]).text()} | "
+                     f"{stats.summary([rb[s] for s in seeds]).text()} | **{p.mean:+.2f}** ± {p.sd:.2f} | "
+                     f"{p.low:+.2f} to {p.high:+.2f} | {p.t:.2f} ({p.p_t:.3f}) | {p.p_sign:.3f} |")
+    return "\n".join(lines)
+
+
+MECHANISMS = ("masked_fraction", "kept_comp_cosine", "masked_comp_cosine", "noise_cos_shift", "distillation_kl",
+              "distill_teacher_entropy", "distill_teacher_positive_mass", "distill_student_entropy",
+              "distill_student_positive_mass")
+
+
+def protocol_mechanisms(data: Data) -> str:
+    """Each arm's training scalars, mean over its logged steps, then over seeds: whether each mechanism acted."""
+    studies = [st for _, a, b in PAIRS for st in (a, b)]
+    shown = [m for m in MECHANISMS if any(m in r["mechanisms"] for st in studies for r in records.select(data, st))]
+    if not shown:
+        return "No arm has finished yet."
+    lines = ["| arm | seeds | " + " | ".join(shown) + " |", "|---|---|" + "---|" * len(shown)]
+    for st in dict.fromkeys(studies):
+        found = test_records(records.select(data, st))
+        if not found:
+            continue
+        cells = [stats.summary([r["mechanisms"][m]["mean"] for r in found if m in r["mechanisms"]]).text(4)
+                 for m in shown]
+        lines.append(f"| {st} | {len(found)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def protocol_transfer(data: Data) -> str:
+    from records import TRANSFER
+
+    lines = ["| model | seeds | " + " | ".join(t.upper() for t in TRANSFER) + " | avg |", "|---" * (len(TRANSFER) + 3) + "|"]
+    for st, label in (("protocol_start_transfer", "start, as SentenceTransformer.encode gives it (unit vectors)"),
+                      ("protocol_start_transfer_raw", "start, the pooled vectors unnormalised"),
+                      ("protocol_simcse", "SimCSE (dev-chosen)"), ("protocol_dclr", "DCLR (dev-chosen)"),
+                      ("protocol_dclr_noise_only", "noise only")):
+        found = [r for r in records.select(data, st) if r["transfer"]]
+        if found:
+            cells = [stats.summary([r["transfer"][t] for r in found]).text() for t in (*TRANSFER, "transfer_avg")]
+            lines.append(f"| {label} | {len(found)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else "No transfer record yet."
+
+
+def front_simcse_dclr(data: Data) -> str:
+    ra = {r["seed"]: r["test"]["avg"] for r in test_records(records.select(data, "protocol_simcse"))}
+    rb = {r["seed"]: r["test"]["avg"] for r in test_records(records.select(data, "protocol_dclr"))}
+    seeds = sorted(set(ra) & set(rb))
+    if len(seeds) < 2:
+        return ("SimCSE and DCLR at an equal tuning budget under the papers' protocol: no paired seeds have a record "
+                "yet ([the study](results/simcse_dclr.md) and its command).")
+    p = stats.paired(ra, rb)
+    return (f"SimCSE and DCLR at an equal tuning budget under the papers' protocol (each chosen on dev from the same "
+            f"number of cells), paired over {len(seeds)} seeds: DCLR - SimCSE **{p.mean:+.2f}** ± {p.sd:.2f} on the "
+            f"seven-task average (95 % interval {p.low:+.2f} to {p.high:+.2f}; paired t p {p.p_t:.3f}, exact "
+            f"sign-flip p {p.p_sign:.3f}); [the study](results/simcse_dclr.md).")
+
+
 class Data(list):
     """The cell records (the list itself) and the benchmark records (``bench``): what every block reads."""
 
@@ -431,6 +533,8 @@ class Data(list):
 BLOCKS: dict[str, Callable[[list[dict]], str]] = {
     "readme_speed": readme_speed, "perf_train": perf_train, "perf_profile": perf_profile, "perf_eval": perf_eval,
     "perf_scaling": perf_scaling, "film_rows": film_rows, "film_pairs": film_pairs,
+    "protocol_search": protocol_search, "protocol_pairs": protocol_pairs, "protocol_mechanisms": protocol_mechanisms,
+    "protocol_transfer": protocol_transfer, "front_simcse_dclr": front_simcse_dclr,
     "front_table": front_table, "front_findings": front_findings, "objectives_where": objectives_where,
     "start_table": start_table, "dev_grids": dev_grids, "test_table": test_table, "per_seed": per_seed_table,
 }

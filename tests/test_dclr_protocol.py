@@ -1,100 +1,112 @@
-"""experiments/dclr_protocol.py: the stages' grid commands, the dev-only choice, and the final stage built from it.
-The grids themselves are experiments/grid.py (tests/test_grid.py); here each grid call is replaced by one that
-writes the cells a finished grid leaves (``command``, ``dev.json``)."""
+"""experiments/dclr_protocol.py: both methods' dev searches have the same number of cells, each choice is made on
+dev alone from the records, and the later stages are built from the choices with each seed's complementary model.
+The grids themselves are experiments/grid.py (tests/test_grid.py); here each grid call is replaced by one that writes
+the records a finished grid leaves."""
 from __future__ import annotations
 
 import itertools
-import json
-import shlex
 import sys
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT
+from tests.test_report import record
 
 sys.path.insert(0, str(ROOT / "experiments"))
 import dclr_protocol  # noqa: E402
 import grid  # noqa: E402
+import records  # noqa: E402
+
+M = "model.init_args."
 
 
-def fake_grid(dev_of):
-    """A stand-in for subprocess.run of grid.py: each cell gets its command and a dev.json from dev_of(label)."""
+def fake_grid(records_dir, dev_of):
+    """A stand-in for subprocess.run of grid.py: each cell's record, its dev figures from dev_of(name, values)."""
     calls = []
 
     def run(command, cwd=None, stdout=None):
-        args = command[command.index("--name"):]
-        name, out = args[1], command[command.index("--out") + 1]
         calls.append(command)
+        if "--model" in command:
+            return type("Done", (), {"returncode": 0})()
+        name = command[command.index("--name") + 1]
         sets = [command[i + 1] for i, w in enumerate(command) if w == "--set"]
         varied = [grid.parse_vary(command[i + 1]) for i, w in enumerate(command) if w == "--vary"]
         for values in itertools.product(*[v for _, v in varied]) if varied else [()]:
             assignment = {k: v for (k, _), v in zip(varied, values)}
-            label = grid.cell_label(assignment)
             for seed in command[command.index("--seeds") + 1].split(","):
-                cell = Path(out) / name / label / f"seed{seed}"
-                cell.mkdir(parents=True, exist_ok=True)
-                overrides = [o.replace("{seed}", seed) for o in [*sets, *(f"{k}={v}" for k, v in assignment.items())]]
-                words = ["python", "train.py"] + [a for o in overrides for a in (f"--{o.partition('=')[0]}", o.partition("=")[2])]
-                (cell / "command").write_text(shlex.join(words) + "\n")
-                stsb, sickr = dev_of(name, label)
-                (cell / "dev.json").write_text(json.dumps({"stsb": stsb, "sickr": sickr}))
-
-        class Done:
-            returncode = 0
-        return Done()
+                r = record(name, grid.cell_label(assignment), int(seed), None if "--dev_only" in command else 77.0,
+                           dev=dev_of(name, assignment))
+                r["values"] = assignment
+                r["overrides"] = [o.replace("{seed}", seed) for o in [*sets, *(f"{k}={v}" for k, v in assignment.items())]]
+                records.write(records.path_of(records_dir, name, grid.cell_label(assignment), int(seed)), r)
+        return type("Done", (), {"returncode": 0})()
 
     return run, calls
 
 
-def test_choice_is_the_best_dev_cell_and_final_uses_it_with_the_other_complementary_model(tmp_path, monkeypatch):
-    def dev_of(name, label):
-        if name == "protocol_dev_noise_weighting":
-            return (82.0, 78.0) if label == "noise_beta=0.2,phi_quantile=0.98" else (81.0, 78.0)
-        if name == "protocol_dev_phi" and label == "phi=0.7":
-            return (82.5, 78.0)  # the best of all: a one-factor change around the grid's best
-        return (80.0, 77.0)
+def by_name(calls):
+    return {c[c.index("--name") + 1]: c for c in calls}
 
-    run, calls = fake_grid(dev_of)
+
+def test_equal_budgets_choices_on_dev_and_the_stages_built_from_them(tmp_path, monkeypatch):
+    def dev_of(name, values):
+        if name == "protocol_simcse_dev":
+            best = values == {f"{M}augmentation": "span_cutoff", f"{M}lr": "5e-5"}
+            return (82.0, 78.0) if best else (80.0, 77.0)
+        if name == "protocol_dclr_dev_quantile" and values == {f"{M}noise_beta": "0.1", f"{M}phi_quantile": "0.98"}:
+            return (82.5, 78.5)
+        return (81.0, 77.0)
+
+    run, calls = fake_grid(tmp_path / "records", dev_of)
     monkeypatch.setattr(dclr_protocol.subprocess, "run", run)
     out = tmp_path / "grid"
-    assert dclr_protocol.main(["--sts_dir", "sts", "--out", str(out), "--seeds", "7,8", "--jobs", "40",
-                               "--stages", "arms,dev,dev2,final"]) == 0
-    choice = json.loads((out / "protocol_choice.json").read_text())
-    assert choice["cell"] == "protocol_dev_phi/phi=0.7/seed7" and choice["dev_mean"] == 80.25
-    assert choice["complementary"] == "saw"
-    # dev2 varies one factor around the best cell of the first dev grid
-    dev_k = next(c for c in calls if "protocol_dev_k" in c)
-    assert "model.init_args.noise_beta=0.2" in dev_k and "model.init_args.phi_quantile=0.98" in dev_k
-    dev_phi = next(c for c in calls if "protocol_dev_phi" in c)
-    assert not any("phi_quantile" in w for w in dev_phi)  # the fixed threshold replaces the quantile
-    # no test task is scored before the choice: every dev grid is --dev_only
-    for name in ("protocol_dev_noise_weighting", "protocol_dev_k", "protocol_dev_phi", "protocol_dev_comp_never"):
-        assert "--dev_only" in next(c for c in calls if name in c)
-    final = {c[c.index("--name") + 1]: c for c in calls if c[c.index("--name") + 1].startswith("protocol_dclr")}
-    assert set(final) == {"protocol_dclr", "protocol_dclr_noise_only", "protocol_dclr_weighting_only",
-                          "protocol_dclr_comp_never"}
-    chosen = final["protocol_dclr"]
-    assert "model.init_args.phi=0.7" in chosen and "model.init_args.noise_beta=0.2" in chosen
-    assert any(w.endswith("protocol_simcse/base/seed{seed}/model.ckpt") for w in chosen)
-    assert chosen[chosen.index("--seeds") + 1] == "7,8" and "--dev_only" not in chosen
-    assert "model.init_args.use_weighting=false" in final["protocol_dclr_noise_only"]
-    assert "model.init_args.use_noise=false" in final["protocol_dclr_weighting_only"]
-    never = final["protocol_dclr_comp_never"]
-    assert any(w.endswith("protocol_simcse_order1000/base/seed{seed}/model.ckpt") for w in never)
-    assert not any(w.endswith("protocol_simcse/base/seed{seed}/model.ckpt") for w in never)
+    argv = ["--sts_dir", "sts", "--transfer_dir", "senteval", "--out", str(out), "--records", str(tmp_path / "records"),
+            "--seeds", "7,8,9,10,11"]
+    assert dclr_protocol.main([*argv, "--stages", "simcse_dev,simcse,dclr_dev,final"]) == 0
+    grids = by_name(calls)
+    # the same budget: SimCSE's views x learning rates, DCLR's noise steps x weighting rules
+    views, lrs = (grid.parse_vary(grids["protocol_simcse_dev"][i + 1])[1] for i, w in
+                  enumerate(grids["protocol_simcse_dev"]) if w == "--vary")
+    dclr_cells = sum(len(list(itertools.product(*[grid.parse_vary(c[i + 1])[1] for i, w in enumerate(c)
+                                                  if w == "--vary"])))
+                     for n, c in grids.items() if n.startswith("protocol_dclr_dev"))
+    assert len(views) * len(lrs) == dclr_cells == dclr_protocol.BUDGET == 15
+    for name in ("protocol_simcse_dev", "protocol_dclr_dev_phi", "protocol_dclr_dev_quantile"):
+        assert "--dev_only" in grids[name] and grids[name][grids[name].index("--seeds") + 1] == "7"
+    # SimCSE's choice is the arm on every seed; DCLR searches from that view and learning rate
+    assert f"{M}augmentation=span_cutoff" in grids["protocol_simcse"] and f"{M}lr=5e-5" in grids["protocol_simcse"]
+    assert grids["protocol_simcse"][grids["protocol_simcse"].index("--seeds") + 1] == "7,8,9,10,11"
+    assert "--transfer_dir" in grids["protocol_simcse"] and "--set" not in grids["protocol_simcse_dropout"]
+    assert f"{M}augmentation=span_cutoff" in grids["protocol_dclr_dev_phi"]
+    # DCLR's choice on every seed, each with the SimCSE of its own seed as complementary model
+    final = grids["protocol_dclr"]
+    assert f"{M}noise_beta=0.1" in final and f"{M}phi_quantile=0.98" in final and "--dev_only" not in final
+    comps = [w for w in final if w.startswith(f"{M}complementary_model=")]
+    assert comps == [f"{M}complementary_model={out}/protocol_simcse/base/seed{{seed}}/model.ckpt"]
+    dropout = grids["protocol_dclr_dropout"]
+    assert f"{M}augmentation=dropout" in dropout and f"{M}lr=3e-5" in dropout
+    assert any(w.endswith("protocol_simcse_dropout/base/seed{seed}/model.ckpt") for w in dropout)
+    assert f"{M}use_weighting=false" in grids["protocol_dclr_noise_only"]
+    assert grids["protocol_dclr_noise_only"][grids["protocol_dclr_noise_only"].index("--seeds") + 1] == "7,8,9"
+    assert f"{M}use_noise=false" in grids["protocol_dclr_weighting_only"]
+
+    calls.clear()
+    assert dclr_protocol.main([*argv, "--stages", "false_negatives,distillation,official,transfer"]) == 0
+    grids = by_name(calls)
+    for name in ("protocol_fn_simcse", "protocol_fn_weighting_only", "protocol_fn_dclr"):
+        assert f"data.init_args.neighbour_batches={dclr_protocol.START}" in grids[name]
+    assert any(w.endswith("protocol_fn_simcse/base/seed{seed}/model.ckpt") for w in grids["protocol_fn_dclr"])
+    assert f"{M}distillation_weight=1.0" in grids["protocol_dclr_distill"]
+    assert f"{M}use_weighting=false" in grids["protocol_dclr_distill"]
+    official = grids["protocol_dclr_official"]
+    assert official.index("configs/dclr/official.yaml") < official.index("configs/overlays/dclr_protocol.yaml")
+    starts = [c for c in calls if "--model" in c]
+    assert sorted(c[c.index("--eval_arg") + 1] for c in starts) == ["--normalize=auto", "--normalize=no"]
 
 
-def test_stages_that_do_not_fit_in_jobs_run_one_after_another(tmp_path, monkeypatch, capsys):
-    run, calls = fake_grid(lambda name, label: (80.0, 77.0))
-    monkeypatch.setattr(dclr_protocol.subprocess, "run", run)
-    assert dclr_protocol.main(["--sts_dir", "sts", "--out", str(tmp_path), "--jobs", "2", "--stages", "arms"]) == 0
-    assert "10 cell(s), one after another" in capsys.readouterr().out
-    assert all(c[c.index("--jobs") + 1] == "2" for c in calls)
-
-
-def test_final_without_a_choice_and_unknown_stage_are_errors(tmp_path):
-    with pytest.raises(SystemExit, match="protocol_choice.json is missing"):
-        dclr_protocol.main(["--sts_dir", "sts", "--out", str(tmp_path), "--stages", "final"])
+def test_a_stage_before_its_choice_is_one_error_line(tmp_path):
+    with pytest.raises(SystemExit, match="SimCSE's dev search has 0 of 15 cells"):
+        dclr_protocol.main(["--sts_dir", "sts", "--out", str(tmp_path), "--records", str(tmp_path), "--stages",
+                            "simcse"])
     with pytest.raises(SystemExit):
-        dclr_protocol.main(["--sts_dir", "sts", "--out", str(tmp_path), "--stages", "arms,nope"])
+        dclr_protocol.main(["--sts_dir", "sts", "--out", str(tmp_path), "--stages", "simcse,nope"])
