@@ -73,9 +73,24 @@ def stop(message: str, code: int) -> None:
     raise SystemExit(code if code > 0 else 3)
 
 
+EXAMPLES = """\
+examples:
+  python experiments/reproduce.py --list
+  python experiments/reproduce.py --paper simcse_unsup                  # with the hub: the paper's own data
+  # without the hub: the data root (docs/DATA.md), the offline model and a CPU budget
+  export SENTEMB_DATA=/path/to/data HF_HUB_OFFLINE=1
+  python experiments/reproduce.py --paper sbert_nli --config configs/overlays/offline_nli.yaml \\
+      --config configs/overlays/cpu_300_steps.yaml --sts_dir $SENTEMB_DATA/sts
+  # a root filled by stage.py: the overlay it wrote for the paper's config
+  python experiments/reproduce.py --paper simcse_unsup --config $SENTEMB_DATA/overlays/simcse_unsup.yaml \\
+      --sts_dir $SENTEMB_DATA/sts
+"""
+
+
 # -- the command line ----------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES)
     parser.add_argument("--paper", choices=sorted(PAPERS), help="which paper setting (--list describes them)")
     parser.add_argument("--list", action="store_true", help="print the papers, their configs and tables, and exit")
     parser.add_argument("--config", action="append", default=[], metavar="[STEP:]PATH",

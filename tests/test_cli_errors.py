@@ -163,3 +163,18 @@ def test_an_evaluate_config_file_typo_names_the_file_and_the_nearest(tmp_path, c
     path.write_text("precision: bf16\nsts_dri: data/sts\n")
     lines = errors_of(evaluate.main, ["--config", str(path), "--model", "x"], capsys)
     assert lines[0] == f"error: {path}:2: unknown key sts_dri; did you mean sts_dir?"
+
+
+@pytest.mark.parametrize("script", ["train.py", "evaluate.py", "stage.py", "experiments/reproduce.py"])
+def test_every_command_names_itself_and_shows_an_offline_example(script):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    result = subprocess.run([sys.executable, script, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"usage: {script.rsplit('/', 1)[-1]}" in result.stdout
+    assert "SENTEMB_DATA" in result.stdout and "HF_HUB_OFFLINE=1" in result.stdout
+    if script == "train.py":  # the common options on a screen; --help_all for every option
+        assert len(result.stdout.splitlines()) < 60 and "--help_all" in result.stdout

@@ -76,9 +76,9 @@ def test_installed_entry_points_run_outside_the_clone(wheel, tmp_path, tiny_mode
                            cwd=elsewhere, env=env, capture_output=True, text=True, check=True).stdout
     assert str(env_dir) in where, f"harness imported from {where}, not from the installed wheel"
 
-    for script in ("sentemb-train", "sentemb-evaluate"):
+    for script in ("sentemb-train", "sentemb-evaluate", "sentemb-stage"):
         result = run(script, "--help")
-        assert result.returncode == 0 and "usage:" in result.stdout, result.stderr[-2000:]
+        assert result.returncode == 0 and f"usage: {script}" in result.stdout, result.stderr[-2000:]
     shipped = run("sentemb-configs")
     assert shipped.returncode == 0 and "sbert_nli_softmax.yaml" in shipped.stdout, shipped.stderr
     printed = run("sentemb-train", "--config", "configs/sbert_nli_softmax.yaml", "--print_config")
