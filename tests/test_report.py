@@ -206,3 +206,17 @@ def test_the_speed_tables_come_from_benchmark_records(project):
     broken.write_text(text)
     with pytest.raises(records.RecordError, match="missing field 'figures'"):
         report.run(project, check=True)
+
+
+def test_no_figure_is_typed_outside_the_generated_blocks():
+    """A score (two decimals, 10 or more) or a speed ratio (1.71x) in the docs stands only inside a generated block;
+    hyperparameters (tau 0.05, lr 3e-5) and versions are not figures."""
+    import re
+
+    typed = []
+    for page in ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]:
+        text = report.BLOCK.sub("", (ROOT / page).read_text())
+        for number, line in enumerate(text.splitlines(), 1):
+            if re.search(r"(?<![\w.])\d{2,3}\.\d{2}(?![\w.])|(?<![\w.])\d+\.\d+x\b", line):
+                typed.append(f"{page}: {line.strip()[:120]}")
+    assert typed == []
