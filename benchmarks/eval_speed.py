@@ -11,8 +11,8 @@
    and test accuracy (MRPC's F1 too) of each, so any difference comes from the classifiers alone.
 
 SentEval's code is not part of this project: give the folder that holds its ``senteval`` package (a clone of
-facebookresearch/SentEval) with ``--senteval_path``. Its classifier calls ``.cuda()``, made a no-op here so it
-runs on the CPU, and its ``utils`` calls ``inspect.getargspec``, which Python 3.11 removed: it gets
+facebookresearch/SentEval) with ``--senteval_path``. Its classifier moves its tensors to CUDA (``.cuda()`` and
+``.to(torch.device('cuda'))``), made the CPU here so it runs on any machine, and its ``utils`` calls ``inspect.getargspec``, which Python 3.11 removed: it gets
 ``inspect.getfullargspec``, whose first field is the same list of argument names.
 
     python benchmarks/eval_speed.py --sts_dir $SENTEMB_DATA/sts --transfer_dir $SENTEMB_DATA/senteval \\
@@ -30,6 +30,7 @@ import json
 import os
 import sys
 import time
+import types
 
 from common import ROOT, alternate, machine, print_machine, set_threads, write_record  # noqa: I001 (sets sys.path)
 
@@ -92,9 +93,15 @@ def run_senteval(task: str, root: str, lookup, senteval_path: str, seed: int) ->
         sys.path.insert(0, senteval_path)
     if not hasattr(inspect, "getargspec"):  # removed in Python 3.11; SentEval's utils reads field 0, the args
         inspect.getargspec = inspect.getfullargspec
-    # SentEval's classifier moves everything with .cuda(); on a CPU machine that is the identity.
+    # SentEval's classifier moves everything with .cuda() and .to(torch.device('cuda')); on a CPU machine both
+    # become the CPU: .cuda() the identity, and the classifier module sees a torch whose device('cuda') is the CPU.
     torch.nn.Module.cuda = lambda self, *args, **kwargs: self
     torch.Tensor.cuda = lambda self, *args, **kwargs: self
+    classifier = importlib.import_module("senteval.tools.classifier")
+    on_cpu = types.ModuleType("torch_on_cpu")
+    on_cpu.__dict__.update(torch.__dict__)
+    on_cpu.device = lambda kind, *a, **k: torch.device("cpu") if str(kind).startswith("cuda") else torch.device(kind, *a, **k)
+    classifier.torch = on_cpu
     utils = importlib.import_module("senteval.utils")
     module, name = SENTEVAL_CLASSES[task].split(".")
     cls = getattr(importlib.import_module(f"senteval.{module}"), name)
