@@ -7,7 +7,7 @@ in a fresh process (its peak resident memory is that process's), timed over ``--
 ``--warmup_steps``:
 
 - **length**: sentences of exactly 32, 64, 128 and 256 tokens (consecutive lines of the wiki file joined, then
-  truncated), batch 64;
+  truncated), batch 32;
 - **batch**: 64 to 1024 sentences of the wiki file at max length 32, with GradCache (``mini_batch_size 64``,
   the same gradients in the memory of 64) from ``--grad_cache_from`` up;
 - **processes**: batch 64 a process, 1 and 2 processes (CPU DDP over gloo, one thread each, in-batch negatives
@@ -149,11 +149,16 @@ def main() -> None:
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     figures: dict[str, float] = {}
 
-    def run(name: str, point: dict) -> dict:
-        found = run_child([sys.executable, os.path.abspath(__file__), "--wiki", args.wiki, "--precision",
+    def run(name: str, point: dict) -> dict | None:
+        try:
+            found = run_child([sys.executable, os.path.abspath(__file__), "--wiki", args.wiki, "--precision",
                            args.precision, "--threads", str(args.threads), "--steps", str(args.steps),
                            "--warmup_steps", str(args.warmup_steps), "--lines", str(args.lines), "--tmp", args.tmp,
                            "--point", json.dumps(point)], name)
+        except SystemExit as err:  # a point that cannot run (killed for memory, say) is a finding, not the end
+            figures[f"{name} failed"] = str(err).splitlines()[0]
+            print(f"{name}: {figures[f'{name} failed']}", flush=True)
+            return None
         print(f"{name}: {json.dumps({k: round(v, 3) for k, v in found.items()})}", flush=True)
         for key, value in found.items():
             figures[f"{name} {key}"] = round(value, 3)
@@ -163,8 +168,8 @@ def main() -> None:
         if "length" in parts:
             for length in LENGTHS:
                 path = os.path.join(args.tmp, f"lines{length}.txt")
-                long_lines(args.wiki, length, 64 * (args.warmup_steps + args.steps) + 64, path)
-                run(f"length {length}", {"kind": "train", "source": path, "max_length": length, "batch": 64,
+                long_lines(args.wiki, length, 32 * (args.warmup_steps + args.steps) + 64, path)
+                run(f"length {length}", {"kind": "train", "source": path, "max_length": length, "batch": 32,
                                          "devices": 1})
         if "batch" in parts:
             for batch in BATCHES:
@@ -176,8 +181,9 @@ def main() -> None:
                                       "devices": 1})
             two = run("processes 2", {"kind": "train", "source": args.wiki, "max_length": 32, "batch": 64,
                                       "devices": 2})
-            figures["processes efficiency"] = round(two["sentences_per_s"] / (2 * one["sentences_per_s"]), 3)
-            print(f"DDP scaling efficiency, 2 processes: {figures['processes efficiency']:.2f}")
+            if one and two:
+                figures["processes efficiency"] = round(two["sentences_per_s"] / (2 * one["sentences_per_s"]), 3)
+                print(f"DDP scaling efficiency, 2 processes: {figures['processes efficiency']:.2f}")
         if "tokens" in parts:
             run("tokenization", {"kind": "tokens"})
         write_record("scaling", figures, threads, notes={"precision": args.precision, "steps": args.steps,

@@ -385,6 +385,8 @@ def perf_scaling(data: Data) -> str:
             label += " (GradCache, 64 at a time)"
         lines.append(f"| {label} | {f[key + ' step_s']:.2f} | {f[key + ' sentences_per_s']:.1f} | "
                      f"{f[key + ' peak_mib']:.0f} |")
+    for key in [k for k in f if k.endswith(" failed")]:
+        lines.append(f"| {key.removesuffix(' failed')} | did not run: {f[key]} | | |")
     if "processes efficiency" in f:
         lines.append(f"| 2 processes against 1: scaling efficiency | | **{f['processes efficiency']:.0%}** | |")
     if "tokenization seconds" in f:
