@@ -378,21 +378,29 @@ def perf_scaling(data: Data) -> str:
     lines = [f"{processor(record)}; {record['notes'].get('precision')}; {record['date']}; "
              f"{record['notes'].get('steps')} timed steps a point, each point in a fresh process (peak memory is "
              f"its resident set). Command: {command_of(record)}.", "",
-             "| work | step (s) | sentences/s | peak memory (MiB) |", "|---|---|---|---|"]
+             "| work | step (s) | sentences/s | peak memory (MiB) | step per unit, against the first point |",
+             "|---|---|---|---|---|"]
+    first: dict[str, float] = {}  # step time per token (length) or per sentence (batch) at each sweep's first point
     for key in [k.removesuffix(" step_s") for k in f if k.endswith(" step_s")]:
         label = key.replace("length ", "max length ").replace("batch ", "batch ")
         if key.startswith("batch") and int(key.split()[1]) >= record["notes"].get("grad_cache_from", 10 ** 9):
             label += " (GradCache, 64 at a time)"
+        sweep, size = key.split()[0], key.split()[1]
+        unit = ""
+        if sweep in ("length", "batch") and size.isdigit():
+            per = f[key + " step_s"] / int(size)
+            first.setdefault(sweep, per)
+            unit = f"{per / first[sweep]:.2f}x per {'token' if sweep == 'length' else 'sentence'}"
         lines.append(f"| {label} | {f[key + ' step_s']:.2f} | {f[key + ' sentences_per_s']:.1f} | "
-                     f"{f[key + ' peak_mib']:.0f} |")
+                     f"{f[key + ' peak_mib']:.0f} | {unit} |")
     for key in [k for k in f if k.endswith(" failed")]:
-        lines.append(f"| {key.removesuffix(' failed')} | did not run: {f[key]} | | |")
+        lines.append(f"| {key.removesuffix(' failed')} | did not run: {f[key]} | | | |")
     if "processes efficiency" in f:
-        lines.append(f"| 2 processes against 1: scaling efficiency | | **{f['processes efficiency']:.0%}** | |")
+        lines.append(f"| 2 processes against 1: scaling efficiency | | **{f['processes efficiency']:.0%}** | | |")
     if "tokenization seconds" in f:
         lines.append(f"| first tokenization of {f['tokenization lines']:,.0f} lines | "
                      f"{f['tokenization seconds']:.0f} (the whole) | {f['tokenization lines'] / f['tokenization seconds']:,.0f}"
-                     f" lines/s | {f['tokenization peak_mib']:.0f} |")
+                     f" lines/s | {f['tokenization peak_mib']:.0f} | |")
     return "\n".join(lines)
 
 
