@@ -1,6 +1,6 @@
 """Encoding and training sentences/s on a GPU in bf16, against the SBERT paper's 2,042 sentences/s.
 
-The one script to run when a GPU is lent (it also runs on CPU, slowly, as a dry run). Two
+The one script to run on a GPU machine (it also runs on CPU, slowly, as a dry run). Two
 encoders: a BERT-base-sized one (12 layers, 768 hidden, built from ``BertConfig()`` with random
 weights: throughput needs no pretrained weights; all-MiniLM-L6-v2's BERT uncased tokenizer) and
 the offline all-MiniLM-L6-v2.
