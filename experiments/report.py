@@ -300,15 +300,23 @@ def readme_speed(data: Data) -> str:
     return "\n".join(lines)
 
 
+def bench_header(record: dict, detail: str = "") -> str:
+    """The line above a benchmark's table: processor, torch, precision, date, what was timed, and the command."""
+    bits = [processor(record), f"torch {record['versions'].get('torch')}"]
+    if record["notes"].get("precision"):
+        bits.append(f"precision {record['notes']['precision']}")
+    bits += [record["date"]] + ([detail] if detail else [])
+    return "; ".join(bits) + f". Command: {command_of(record)}."
+
+
 def perf_train(data: Data) -> str:
     record = newest(data.bench, "train_throughput_padding_free")
     if record is None:
         return "No record yet."
     f = record["figures"]
-    lines = [f"{processor(record)}; torch {record['versions'].get('torch')}; {record['notes'].get('precision')}; "
-             f"{record['date']}; batch {record['notes'].get('batch_size')}, max length "
-             f"{record['notes'].get('max_length')}, {record['notes'].get('steps')} timed steps, median of "
-             f"{record['notes'].get('reps')} repetitions. Command: {command_of(record)}.", "",
+    notes = record["notes"]
+    lines = [bench_header(record, f"batch {notes.get('batch_size')}, max length {notes.get('max_length')}, "
+                                  f"{notes.get('steps')} timed steps, median of {notes.get('reps')} repetitions"), "",
              "| program | steps/s | real tokens of the batches |", "|---|---|---|"]
     for program in ("identical batches/ours", "identical batches/ours, padded", "identical batches/theirs"):
         share = f.get(f"{program} real token share")
@@ -329,10 +337,9 @@ def perf_profile(data: Data) -> str:
     sides = [s for s in ("ours", "theirs") if f"{s} steps/s" in f]
     cats = [k.split(" ", 1)[1].removesuffix(" ms") for k in f if k.startswith(sides[0] + " ") and k.endswith(" ms")]
     layers = record["notes"].get("layers", 6)
-    lines = [f"{processor(record)}; {record['notes'].get('precision')}; {record['date']}; batch "
-             f"{record['notes'].get('batch_size')}, max length {record['notes'].get('max_length')}; self CPU time per "
-             f"step of each group of operators over {record['notes'].get('steps')} steps. Command: "
-             f"{command_of(record)}.", "",
+    notes = record["notes"]
+    lines = [bench_header(record, f"batch {notes.get('batch_size')}, max length {notes.get('max_length')}; self CPU "
+                                  f"time per step of each group of operators over {notes.get('steps')} steps"), "",
              "| operators | " + " | ".join(f"{s}: ms/step (ms/layer)" for s in sides) + " |",
              "|---|" + "---|" * len(sides)]
     for cat in cats:
@@ -348,8 +355,7 @@ def perf_eval(data: Data) -> str:
     if record is None:
         return "No record yet."
     f = record["figures"]
-    lines = [f"{processor(record)}; torch {record['versions'].get('torch')}; {record['date']}. Command: "
-             f"{command_of(record)}.", ""]
+    lines = [bench_header(record), ""]
     if "sts_ours_s" in f:
         lines += ["| STS, seven tasks, fp32 | seconds | seven-task average |", "|---|---|---|",
                   f"| ours: each distinct sentence once, by length | **{f['sts_ours_s']:.1f}** | {f['sts_ours_avg']:.2f} |",
@@ -375,9 +381,8 @@ def perf_scaling(data: Data) -> str:
     if record is None:
         return "No record yet."
     f = record["figures"]
-    lines = [f"{processor(record)}; {record['notes'].get('precision')}; {record['date']}; "
-             f"{record['notes'].get('steps')} timed steps a point, each point in a fresh process (peak memory is "
-             f"its resident set). Command: {command_of(record)}.", "",
+    lines = [bench_header(record, f"{record['notes'].get('steps')} timed steps a point, each point in a fresh "
+                                  "process (peak memory is its resident set)"), "",
              "| work | step (s) | sentences/s | peak memory (MiB) | step per unit, against the first point |",
              "|---|---|---|---|---|"]
     first: dict[str, float] = {}  # step time per token (length) or per sentence (batch) at each sweep's first point
@@ -420,7 +425,7 @@ def film_pairs(data: Data) -> str:
     if record is None:
         return "No record yet: `python experiments/film_pairs.py --sts_dir $SENTEMB_DATA/sts --record` writes it."
     f, notes = record["figures"], record["notes"]
-    lines = [f"{processor(record)}; {record['date']}. Command: {command_of(record)}.", "",
+    lines = [bench_header(record), "",
              "| method | chosen on validation | val log loss | test accuracy | test F1 | test log loss | seconds |",
              "|---|---|---|---|---|---|---|"]
     for method in notes.get("methods", []):
