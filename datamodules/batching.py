@@ -99,7 +99,7 @@ class SentenceBatchSampler(Sampler[list[int]]):
         self.skip_batches = 0  # set when resuming mid-epoch (load_state_dict)
         self.batches_yielded = 0  # of the current epoch, skipped ones included
         # The epoch's batches done, in this run's batches, when a resume re-expressed a position saved
-        # with other batches (harness.callbacks.ResumedEpochPosition hands it to Lightning's loop).
+        # with other batches (harness.exact_resume.ResumedEpochPosition hands it to Lightning's loop).
         self.resumed_batches_done: int | None = None
         # Examples of epoch ``_trained_epoch`` trained before a resume on another number of devices or
         # batch size: that epoch's rest is laid out in this run's batches, without them.

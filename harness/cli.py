@@ -24,20 +24,27 @@ from lightning_modules.base import SentenceEmbeddingModule
 
 from .allocator import keep_freed_memory
 from .arguments import HELP_HINT, CommandLineError, explain, help_formatter, resolve_config_args
-from .callbacks import (NonFiniteLossError, PeriodicCheckpoint, Preemption, RandomState, ResumedEpochPosition,
-                        SaveFinalState, StopOnNonFiniteLoss, checkpoint_dirs)
-from .config_files import check_config_files
 from .checkpoint import AtomicCheckpointIO, CheckpointError, CheckpointWriteError, load_checkpoint, resume_checkpoint
+from .checkpointing import PeriodicCheckpoint, SaveFinalState, checkpoint_dirs
+from .config_files import check_config_files
+from .exact_resume import RandomState, ResumedEpochPosition
+from .nonfinite import NonFiniteLossError, StopOnNonFiniteLoss
+from .preemption import Preemption
 
-# Every DataModule of the CLI is a SentenceDataModule, which restores its place in the epoch
-# itself (its state_dict); Lightning only knows stateful DataLoaders and would warn on every resume.
-warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
-# A run that ends before its first validation has no val/ figure at all; SaveFinalState says so in one line and
-# writes last.ckpt (a monitor naming a key that validation does not log still warns: other val/ figures exist).
-warnings.filterwarnings("ignore", message=r"`ModelCheckpoint\(monitor='val/[^']*'\)` could not find the monitored key "
-                                          r"in the returned metrics: \[(?![^\]]*'val/)")
-# Every rank scores the whole dev set and logs the same figures: there is nothing to synchronise.
-warnings.filterwarnings("ignore", message=r"It is recommended to use `self.log\('val/")
+def quiet_expected_warnings() -> None:
+    """Silence the warnings a run of this CLI raises by design. Installed when a CLI is built, not when this
+    module is imported: pytest (and any ``warnings.catch_warnings`` block) restores the filters after the import,
+    and the warnings would come back for every later run of the same process."""
+    # Every DataModule of the CLI is a SentenceDataModule, which restores its place in the epoch
+    # itself (its state_dict); Lightning only knows stateful DataLoaders and would warn on every resume.
+    warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
+    # A run that ends before its first validation has no val/ figure at all; SaveFinalState says so in one line
+    # and writes last.ckpt (a monitor naming a key that validation does not log still warns: other val/ figures
+    # exist).
+    warnings.filterwarnings("ignore", message=r"`ModelCheckpoint\(monitor='val/[^']*'\)` could not find the monitored "
+                                              r"key in the returned metrics: \[(?![^\]]*'val/)")
+    # Every rank scores the whole dev set and logs the same figures: there is nothing to synchronise.
+    warnings.filterwarnings("ignore", message=r"It is recommended to use `self.log\('val/")
 
 
 class SaveConfig(SaveConfigCallback):
@@ -104,6 +111,7 @@ configs from any directory (`sentemb-configs` lists them). A key that does not e
 """
 
     def __init__(self, args: list[str] | None = None, **kwargs) -> None:
+        quiet_expected_warnings()
         kwargs.setdefault("save_config_kwargs", {"overwrite": False})
         kwargs.setdefault("save_config_callback", SaveConfig)
         # Errors are raised, not printed under a usage block; no prefix of an option stands for it.

@@ -65,10 +65,13 @@ def last_error_line(capsys) -> str:
 
 
 def train_script(config: str, *args: str, fault: str | None = None, env: dict | None = None, timeout: int = 300):
-    """``python train.py --config ...`` as a user runs it, with a fault armed (tests/faults.py)."""
+    """``python train.py --config ...`` as a user runs it, with a fault armed (tests/faults.py). It computes with
+    this process's torch thread count, so that its steps sum in the same order as a run made here (a matmul
+    split over 2 threads differs from 1 thread in the last bits)."""
     extra = {**(env or {}), **({FAULT_ENV: fault} if fault else {})}
+    threads = {"OMP_NUM_THREADS": str(torch.get_num_threads())}
     return subprocess.run([sys.executable, "train.py", "--config", config, *FAST, *args], cwd=ROOT,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), **extra},
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), **threads, **extra},
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -1,6 +1,6 @@
 """Exact resume wherever a run stops: mid-epoch, at an epoch's end before and after its validation, after a
 failed save, and when the newest file is a ``best-*`` checkpoint. Each resumed run ends with the weights of a run
-that never stopped, bit for bit (fp32, one process, the same machine), and trains the same batches in the same
+that never stopped, bit for bit (fp32, one process, the same machine and torch thread count), and trains the same batches in the same
 order; ``--ckpt_path last`` takes the checkpoint furthest into training (``harness.checkpoint.resume_checkpoint``)."""
 from __future__ import annotations
 
