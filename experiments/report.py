@@ -386,7 +386,11 @@ def perf_scaling(data: Data) -> str:
              "| work | step (s) | sentences/s | peak memory (MiB) | step per unit, against the first point |",
              "|---|---|---|---|---|"]
     first: dict[str, float] = {}  # step time per token (length) or per sentence (batch) at each sweep's first point
-    for key in [k.removesuffix(" step_s") for k in f if k.endswith(" step_s")]:
+    sweeps = ("length", "batch", "processes")  # each sweep from its smallest point: the record's keys are sorted as text
+    points = sorted((k.removesuffix(" step_s") for k in f if k.endswith(" step_s")),
+                    key=lambda k: (sweeps.index(k.split()[0]) if k.split()[0] in sweeps else len(sweeps),
+                                   int(k.split()[1]) if k.split()[1].isdigit() else 0, k))
+    for key in points:
         label = key.replace("length ", "max length ").replace("batch ", "batch ")
         if key.startswith("batch") and int(key.split()[1]) >= record["notes"].get("grad_cache_from", 10 ** 9):
             label += " (GradCache, 64 at a time)"

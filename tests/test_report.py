@@ -208,6 +208,25 @@ def test_the_speed_tables_come_from_benchmark_records(project):
         report.run(project, check=True)
 
 
+def test_the_scaling_table_runs_each_sweep_from_its_smallest_point(project):
+    """The record's keys come sorted as text ("batch 1024" before "batch 64"); the table orders each sweep by size
+    and divides each step by its work against the sweep's smallest point (worked out by hand below)."""
+    figures = {}
+    for sweep, size, step in (("batch", 1024, 64.0), ("batch", 64, 2.0), ("batch", 512, 48.0),
+                              ("length", 128, 8.0), ("length", 32, 1.0)):
+        figures.update({f"{sweep} {size} step_s": step, f"{sweep} {size} sentences_per_s": 1.0,
+                        f"{sweep} {size} peak_mib": 100.0})
+    bench_record(project, "scaling", dict(sorted(figures.items())), {"steps": 3, "grad_cache_from": 512})
+    report.run(project)
+    page = (project / "docs" / "PERFORMANCE.md").read_text()
+    rows = [line.split(" | ")[0].removeprefix("| ") + " " + line.split(" | ")[-1].removesuffix(" |")
+            for line in page.splitlines() if line.startswith(("| batch", "| max length"))]
+    # per sentence: 2/64 = 1/32 first; 48/512 = 3/32 -> 3.00x; 64/1024 = 2/32 -> 2.00x. Per token: 1/32, 8/128 -> 2.00x
+    assert rows == ["max length 32 1.00x per token", "max length 128 2.00x per token",
+                    "batch 64 1.00x per sentence", "batch 512 (GradCache, 64 at a time) 3.00x per sentence",
+                    "batch 1024 (GradCache, 64 at a time) 2.00x per sentence"]
+
+
 def test_no_figure_is_typed_outside_the_generated_blocks():
     """A score (two decimals, 10 or more) or a speed ratio (1.71x) in the docs stands only inside a generated block;
     hyperparameters (tau 0.05, lr 3e-5) and versions are not figures."""
