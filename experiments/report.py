@@ -362,13 +362,15 @@ def perf_eval(data: Data) -> str:
                   f"| before: each subset's pairs as they come | {f['sts_plain_s']:.1f} | {f['sts_plain_avg']:.2f} |", ""]
     tasks = record["notes"].get("tasks", [])
     if "transfer_speedup" in f:
-        lines += ["| transfer task | SentEval acc | ours acc | SentEval s | ours s | SentEval / ours |",
-                  "|---|---|---|---|---|---|"]
+        lines += ["| transfer task | SentEval: test acc (dev acc) | ours: test acc (dev acc) | SentEval s | ours s | "
+                  "SentEval / ours |", "|---|---|---|---|---|---|"]
+
+        def scores(task: str, side: str) -> str:
+            text = f"{f[f'{task}_{side}_acc']:.2f} (dev {f[f'{task}_{side}_devacc']:.2f})"
+            return text + (f", F1 {f[f'{task}_{side}_f1']:.2f}" if f"{task}_{side}_f1" in f else "")
+
         for t in tasks:
-            acc = f"{f[f'{t}_senteval_acc']:.2f} | {f[f'{t}_ours_acc']:.2f}"
-            if t == "mrpc":
-                acc = (f"{f['mrpc_senteval_acc']:.2f} (F1 {f['mrpc_senteval_f1']:.2f}) | {f['mrpc_ours_acc']:.2f} "
-                       f"(F1 {f['mrpc_ours_f1']:.2f})")
+            acc = f"{scores(t, 'senteval')} | {scores(t, 'ours')}"
             lines.append(f"| {t.upper()} | {acc} | {f[f'{t}_senteval_s']:.0f} | {f[f'{t}_ours_s']:.1f} | "
                          f"**{f[f'{t}_speedup']:.1f}x** |")
         lines.append(f"| all | | | {f['transfer_senteval_s']:.0f} | {f['transfer_ours_s']:.0f} | "

@@ -227,6 +227,23 @@ def test_the_scaling_table_runs_each_sweep_from_its_smallest_point(project):
                     "batch 1024 (GradCache, 64 at a time) 2.00x per sentence"]
 
 
+def test_the_evaluation_table_gives_both_implementations_scores_and_times(project):
+    figures = {"sts_ours_s": 80.0, "sts_plain_s": 120.0, "sts_ours_avg": 78.875, "sts_plain_avg": 78.875}
+    for task, (acc, dev, a, b) in {"mr": (76.34, 76.87, 1000.0, 100.0), "mrpc": (70.0, 71.0, 300.0, 60.0)}.items():
+        for side, seconds in (("senteval", a), ("ours", b)):
+            figures.update({f"{task}_{side}_acc": acc, f"{task}_{side}_devacc": dev, f"{task}_{side}_s": seconds})
+        figures[f"{task}_speedup"] = a / b
+    figures.update({"mrpc_senteval_f1": 80.5, "mrpc_ours_f1": 80.5, "transfer_senteval_s": 1300.0,
+                    "transfer_ours_s": 160.0, "transfer_speedup": 1300 / 160})
+    bench_record(project, "eval_speed", figures, {"tasks": ["mr", "mrpc"]})
+    report.run(project)
+    page = (project / "docs" / "PERFORMANCE.md").read_text()
+    assert "| ours: each distinct sentence once, by length | **80.0** | 78.88 |" in page
+    assert "| MR | 76.34 (dev 76.87) | 76.34 (dev 76.87) | 1000 | 100.0 | **10.0x** |" in page
+    assert "| MRPC | 70.00 (dev 71.00), F1 80.50 | 70.00 (dev 71.00), F1 80.50 | 300 | 60.0 | **5.0x** |" in page
+    assert "| all | | | 1300 | 160 | **8.1x** |" in page
+
+
 def test_no_figure_is_typed_outside_the_generated_blocks():
     """A score (two decimals, 10 or more) or a speed ratio (1.71x) in the docs stands only inside a generated block;
     hyperparameters (tau 0.05, lr 3e-5) and versions are not figures."""
