@@ -42,8 +42,9 @@ def write_record(name: str, figures: dict[str, float | str], threads: int | None
                  root: Path = RECORDS) -> Path:
     """The run's record, ``results/benchmarks/<name>/<date>-<processor>.json`` (a second run of a day on the same
     processor gets ``-2``...; nothing is overwritten): the command, the machine (processor and its bf16/AMX units,
-    or the GPU; cores and threads), versions, commit and date, and ``figures``, the numbers a doc may show.
-    ``experiments/report.py`` builds the speed tables from these records."""
+    or the GPU; cores and threads), versions, commit and date, the data root (``$SENTEMB_DATA``, which the
+    docs print in place of its path), and ``figures``, the numbers a doc may show. ``experiments/report.py`` builds
+    the speed tables from these records."""
     import datetime
     import re
 
@@ -60,7 +61,7 @@ def write_record(name: str, figures: dict[str, float | str], threads: int | None
         path = folder / f"{date}-{slug}-{n}.json"
     record = {"schema": 1, "benchmark": name, "command": ["python", *sys.argv], "machine": info,
               "versions": provenance.versions(), "commit": provenance.commit(), "date": date,
-              "figures": figures, "notes": notes or {}}
+              "data_root": os.environ.get("SENTEMB_DATA"), "figures": figures, "notes": notes or {}}
     path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     print(f"record: {path.relative_to(ROOT) if ROOT in path.parents else path}")
     return path

@@ -249,8 +249,11 @@ def processor(record: dict) -> str:
 
 
 def command_of(record: dict) -> str:
+    """The benchmark's command line as a reader reruns it: paths in the clone relative, the data root as
+    ``$SENTEMB_DATA``."""
     words = [w.replace(str(ROOT) + "/", "") for w in record["command"]]
-    return "`" + " ".join(words).replace("/work/shared/data", "$SENTEMB_DATA") + "`"
+    root = record.get("data_root")
+    return "`" + " ".join(w.replace(root, "$SENTEMB_DATA") if root else w for w in words) + "`"
 
 
 def speed_rows(bench: list[dict]) -> list[tuple[str, str, dict]]:
