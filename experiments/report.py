@@ -278,7 +278,7 @@ def speed_rows(bench: list[dict]) -> list[tuple[str, str, dict]]:
         tasks = evals["notes"].get("tasks", [])
         low = min(f[f"{t}_speedup"] for t in tasks)
         rows.append(("transfer tasks, SentEval's own code / ours, same embeddings",
-                     f"**{f['transfer_speedup']:.1f}x** over the {len(tasks)} tasks (the slowest task {low:.1f}x)", evals))
+                     f"**{f['transfer_speedup']:.1f}x** over the {len(tasks)} tasks ({low:.1f}x on the task it gains least on)", evals))
     scaling = newest(bench, "scaling")
     if scaling and "processes efficiency" in scaling["figures"]:
         rows.append(("CPU DDP, 2 processes against 1 (sentences/s over twice one's)",
