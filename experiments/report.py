@@ -278,7 +278,8 @@ def speed_rows(bench: list[dict]) -> list[tuple[str, str, dict]]:
         tasks = evals["notes"].get("tasks", [])
         low = min(f[f"{t}_speedup"] for t in tasks)
         rows.append(("transfer tasks, SentEval's own code / ours, same embeddings",
-                     f"**{f['transfer_speedup']:.1f}x** over the {len(tasks)} tasks ({low:.1f}x on the task it gains least on)", evals))
+                     f"**{f['transfer_speedup']:.1f}x** over the {len(tasks)} tasks "
+                     f"({low:.1f}x on the task it gains least on)", evals))
     scaling = newest(bench, "scaling")
     if scaling and "processes efficiency" in scaling["figures"]:
         rows.append(("CPU DDP, 2 processes against 1 (sentences/s over twice one's)",
@@ -361,8 +362,10 @@ def perf_eval(data: Data) -> str:
     lines = [bench_header(record), ""]
     if "sts_ours_s" in f:
         lines += ["| STS, seven tasks, fp32 | seconds | seven-task average |", "|---|---|---|",
-                  f"| ours: each distinct sentence once, by length | **{f['sts_ours_s']:.1f}** | {f['sts_ours_avg']:.2f} |",
-                  f"| before: each subset's pairs as they come | {f['sts_plain_s']:.1f} | {f['sts_plain_avg']:.2f} |", ""]
+                  f"| ours: each distinct sentence once, by length | **{f['sts_ours_s']:.1f}** | "
+                  f"{f['sts_ours_avg']:.2f} |",
+                  f"| before: each subset's pairs as they come | {f['sts_plain_s']:.1f} | {f['sts_plain_avg']:.2f} |",
+                  ""]
     tasks = record["notes"].get("tasks", [])
     if "transfer_speedup" in f:
         lines += ["| transfer task | SentEval: test acc (dev acc) | ours: test acc (dev acc) | SentEval s | ours s | "
