@@ -262,7 +262,8 @@ def speed_rows(bench: list[dict]) -> list[tuple[str, str, dict]]:
     train = newest(bench, "train_throughput_padding_free")
     if train:
         f = train["figures"]
-        precision = train["notes"].get("precision")
+        precision = {"32": "fp32", "bf16": "bf16 autocast"}.get(str(train["notes"].get("precision")),
+                                                                  train["notes"].get("precision"))
         rows.append((f"MNR training step, ours / sentence-transformers, identical batches ({precision})",
                      f"**{f['identical batches/ours / identical batches/theirs ratio']:.2f}x**", train))
         rows.append((f"MNR training step, padding-free / padded, same batches ({precision})",
