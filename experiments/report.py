@@ -190,31 +190,31 @@ def objectives_where(all_records: list[dict]) -> str:
 
 
 def front_findings(all_records: list[dict]) -> str:
-    """The front table in sentences: which objectives raise the start, which lower it."""
+    """The front table in sentences: which objectives raise the start, which lower it, and which move it less than
+    their seeds vary (the 95 % interval of the mean difference from the start holds 0)."""
     start = records.select(all_records, "start_mean")
     if not start:
         return "The start model's record is missing; no finding yet."
     base = start[0]["test"]["avg"]
-    moves = []
+    groups: dict[str, list[str]] = {"up": [], "down": [], "noise": [], "one": []}
     for row in OBJECTIVES:
         if row.start != "start_mean":
             continue
         study = f"objectives_{row.stem}" if row.budget == "lr" else row.stem
-        tests = test_records(records.select(all_records, study))
-        if tests:
-            moves.append((stats.summary([r["test"]["avg"] for r in tests]).mean - base, row.label, len(tests)))
-    if not moves:
+        tests = {r["seed"]: r["test"]["avg"] for r in test_records(records.select(all_records, study))}
+        if len(tests) == 1:
+            groups["one"].append(f"{row.label} {next(iter(tests.values())) - base:+.2f}")
+        elif tests:
+            d = stats.paired({seed: base for seed in tests}, tests)  # against the start, a constant
+            where = "up" if d.low > 0 else "down" if d.high < 0 else "noise"
+            groups[where].append(f"{row.label} {d.mean:+.2f} (95 % interval {d.low:+.2f} to {d.high:+.2f})")
+    if not any(groups.values()):
         return "No objective has finished its test cells yet."
-    up = sorted((m for m in moves if m[0] > 0), reverse=True)
-    down = sorted(m for m in moves if m[0] <= 0)
-    parts = [f"From the mean-pooled start ({base:.2f}), "]
-    if up:
-        parts.append("these raise the seven-task average: " + "; ".join(f"{label} {d:+.2f}" for d, label, _ in up)
-                     + ". ")
-    if down:
-        parts.append("These lower it: " + "; ".join(f"{label} {d:+.2f}" for d, label, _ in down) + ". ")
-    parts.append("Each figure is the mean over the choice's seeds, from the table above.")
-    return "".join(parts)
+    sentences = [text + "; ".join(groups[key]) + "." for key, text in (
+        ("up", "these raise the seven-task average: "), ("down", "these lower it: "),
+        ("noise", "these move it less than their seeds vary: "), ("one", "one seed so far: ")) if groups[key]]
+    sentences[1:] = [s[0].upper() + s[1:] for s in sentences[1:]]
+    return f"From the mean-pooled start ({base:.2f}), over each choice's seeds, " + " ".join(sentences)
 
 
 # -- the speed figures: records of benchmarks/ (results/benchmarks/<name>/<date>-<processor>.json) -----------------
