@@ -216,8 +216,7 @@ def main() -> None:
         first = phases["first (empty cache)"]
         print(f"first-run tokenization: {first['tokenize_sentences_per_s']:,} sentences/s vs a bare tokenizer(batch) "
               f"loop's {first['bare_tokenizer_sentences_per_s']:,} in the same process: "
-              f"**{first['tokenize_over_bare']:.2f}x** (target 0.8x: "
-              f"{'met' if first['tokenize_over_bare'] >= 0.8 else 'MISSED'})")
+              f"**{first['tokenize_over_bare']:.2f}x**")
         result = speed(args)
         print(f"\n| | sentences/s (median of {args.reps}) |\n|---|---|")
         print(f"| train dataloader (batch {args.batch_size}) | {result['dataloader_sentences_per_s']:,} |")

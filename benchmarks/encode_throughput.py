@@ -83,9 +83,6 @@ def main() -> None:
               f"| {cpu_ratios[name]:.2f}x |")
     free_over_padded = {p: median_ratio(t.wall[f"ours {p} padded"], t.wall[f"ours {p}"]) for p in args.precisions}
     print("padding-free / padded: " + "; ".join(f"{p} {r:.2f}x" for p, r in free_over_padded.items()))
-    targets = {"fp32": (ratio_fp32, 2.0), "bf16": (ratio_bf16, 2.5)}
-    print("targets: " + "; ".join(f"{p} >= {t}x: {'met' if r >= t else 'MISSED'}" if p in args.precisions
-                                  else f"{p} >= {t}x: not measured" for p, (r, t) in targets.items()))
 
     quality = {}
     if not args.skip_quality and "bf16" in args.precisions:
@@ -97,7 +94,7 @@ def main() -> None:
         print("|---|" + "---|" * len(quality["32"]))
         for precision, res in quality.items():
             print(f"| {precision} | " + " | ".join(f"{v:.2f}" for v in res.values()) + " |")
-        print(f"bf16 - fp32 STS average: {diff:+.2f} points (allowed: -0.10): {'met' if diff >= -0.1 else 'MISSED'}")
+        print(f"bf16 - fp32 STS average: {diff:+.2f} points")
 
     print(json.dumps({
         "benchmark": "encode_throughput", "machine": info, "sentences": len(sentences), "batch_size": bs,

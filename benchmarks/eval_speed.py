@@ -2,7 +2,7 @@
 
 1. **STS**: the seven tasks of the offline all-MiniLM-L6-v2 in fp32 on the torch threads given (default: every
    core): ours (``harness.sts_eval.evaluate_sts``: each distinct sentence once, batched by length) against the
-   implementation before it (``plain_sts`` below: each subset's pairs encoded as they come), in turns; the
+   pair-by-pair way (``plain_sts`` below: each subset's pairs encoded as they come), in turns; the
    seconds of each (the evaluation alone, the model loaded) and the seven-task average of each.
 2. **Transfer**: SentEval's own task classes (``MREval`` ... ``MRPCEval``, ``run(params, batcher)``) against ours
    (``harness.transfer.evaluate_transfer``) on the same cached embeddings (the offline all-MiniLM-L6-v2, fp32,
@@ -12,8 +12,9 @@
 
 SentEval's code is not part of this project: give the folder that holds its ``senteval`` package (a clone of
 facebookresearch/SentEval) with ``--senteval_path``. Its classifier moves its tensors to CUDA (``.cuda()`` and
-``.to(torch.device('cuda'))``), made the CPU here so it runs on any machine, and its ``utils`` calls ``inspect.getargspec``, which Python 3.11 removed: it gets
-``inspect.getfullargspec``, whose first field is the same list of argument names.
+``.to(torch.device('cuda'))``), made the CPU here so it runs on any machine, and its ``utils`` calls
+``inspect.getargspec``, which Python 3.11 removed: it gets ``inspect.getfullargspec``, whose first field is the same
+list of argument names.
 
     python benchmarks/eval_speed.py --sts_dir $SENTEMB_DATA/sts --transfer_dir $SENTEMB_DATA/senteval \\
         --senteval_path ../SentEval [--parts sts,transfer] [--tasks mr,cr,...] [--threads N]
@@ -100,7 +101,8 @@ def run_senteval(task: str, root: str, lookup, senteval_path: str, seed: int) ->
     classifier = importlib.import_module("senteval.tools.classifier")
     on_cpu = types.ModuleType("torch_on_cpu")
     on_cpu.__dict__.update(torch.__dict__)
-    on_cpu.device = lambda kind, *a, **k: torch.device("cpu") if str(kind).startswith("cuda") else torch.device(kind, *a, **k)
+    on_cpu.device = lambda kind, *a, **k: (torch.device("cpu") if str(kind).startswith("cuda")
+                                           else torch.device(kind, *a, **k))
     classifier.torch = on_cpu
     utils = importlib.import_module("senteval.utils")
     module, name = SENTEVAL_CLASSES[task].split(".")
@@ -120,7 +122,7 @@ def run_senteval(task: str, root: str, lookup, senteval_path: str, seed: int) ->
 
 
 def plain_sts(encode, sts_dir: str) -> dict:
-    """The STS evaluation as it was before each distinct sentence was encoded once: every subset's pairs encoded
+    """The STS evaluation pair by pair, without encoding each distinct sentence once: every subset's pairs encoded
     as they come (``encode(s1 + s2)``), Spearman and SentEval's "all" as ``harness.sts_eval`` computes them."""
     import numpy as np
     import torch.nn.functional as F
@@ -160,7 +162,8 @@ def sts_part(args, threads: int) -> dict:
     out["sts_plain_over_ours"] = round(statistics.median(p / o for p, o in zip(timings.wall["plain"],
                                                                                 timings.wall["ours"])), 2)
     print(f"STS, seven tasks, fp32, {threads} thread(s): ours {out['sts_ours_s']} s (avg {out['sts_ours_avg']:.2f}), "
-          f"before {out['sts_plain_s']} s (avg {out['sts_plain_avg']:.2f}): {out['sts_plain_over_ours']}x", flush=True)
+          f"pair by pair {out['sts_plain_s']} s (avg {out['sts_plain_avg']:.2f}): {out['sts_plain_over_ours']}x",
+          flush=True)
     return out
 
 

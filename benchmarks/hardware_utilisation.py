@@ -199,12 +199,9 @@ def main() -> None:
         print(f"compiled training: first step (compiling) {compile_s:.0f} s")
     print(f"SimCSE step ({B2} x {s}, {train_real / (B2 * s):.0%} real tokens), padding-free / padded: "
           + "; ".join(f"{p} {r:.2f}x" for p, r in step_ratio.items()))
-    met = None
     if "bf16" in precisions:
         best = max(real_fraction["train bf16"], real_fraction["train bf16 compiled"])
-        met = best >= 0.4
-        print(f"target: bf16 training >= 40% of the bf16 matmul ceiling, real tokens only: "
-              f"{'met' if met else 'MISSED'} ({best:.0%})")
+        print(f"bf16 training, real tokens only: {best:.0%} of the bf16 matmul ceiling")
     print(json.dumps({"benchmark": "hardware_utilisation", "machine": info, "P": P, "L": L, "h": h,
                       "gflops_per_s": {k: round(v, 1) for k, v in gflops.items()},
                       "fraction_of_matmul": {k: round(v, 3) for k, v in fraction.items()},
@@ -212,8 +209,7 @@ def main() -> None:
                       "train_non_padding": round(train_real / (B2 * s), 3),
                       "simcse_step_padding_free_over_padded": {k: round(v, 3) for k, v in step_ratio.items()},
                       "encode_non_padding": round(real_tokens / enc_tokens, 3),
-                      "train_shape": [B2, s], "compile_s": compile_s and round(compile_s, 1),
-                      "target_bf16_train_40pct_met": met}))
+                      "train_shape": [B2, s], "compile_s": compile_s and round(compile_s, 1)}))
 
 
 if __name__ == "__main__":

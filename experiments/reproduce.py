@@ -78,7 +78,7 @@ examples:
   python experiments/reproduce.py --list
   python experiments/reproduce.py --paper simcse_unsup                  # with the hub: the paper's own data
   # without the hub: the data root (docs/DATA.md), the offline model and a CPU budget
-  export SENTEMB_DATA=/path/to/data HF_HUB_OFFLINE=1
+  export SENTEMB_DATA=$HOME/sentemb-data HF_HUB_OFFLINE=1
   python experiments/reproduce.py --paper sbert_nli --config configs/overlays/offline_nli.yaml \\
       --config configs/overlays/cpu_300_steps.yaml --sts_dir $SENTEMB_DATA/sts
   # a root filled by stage.py: the overlay it wrote for the paper's config

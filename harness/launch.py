@@ -246,7 +246,7 @@ examples:
   {prog} --config configs/sbert_sts_regression.yaml
   {prog} --config configs/sbert_sts_regression.yaml --trainer.max_steps 200 --model.init_args.lr 3e-5
   # without the hub: the offline model, the data root of docs/DATA.md, the CPU budget
-  export SENTEMB_DATA=/path/to/data HF_HUB_OFFLINE=1
+  export SENTEMB_DATA=$HOME/sentemb-data HF_HUB_OFFLINE=1
   {prog} --config configs/simcse_unsup.yaml --config configs/overlays/offline_wiki.yaml \\
       --config configs/overlays/cpu_300_steps.yaml
   # a config's model and data, staged where the hub answers, for nodes where it does not
