@@ -8,8 +8,8 @@ in a fresh process (its peak resident memory is that process's), timed over ``--
 
 - **length**: sentences of exactly 32, 64, 128 and 256 tokens (consecutive lines of the wiki file joined, then
   truncated), batch 32;
-- **batch**: 64 to 1024 sentences of the wiki file at max length 32, with GradCache (``mini_batch_size 64``,
-  the same gradients in the memory of 64) from ``--grad_cache_from`` up;
+- **batch**: 64 to 1024 sentences of the wiki file at max length 32, with GradCache (``mini_batch_size`` of
+  ``GRAD_CACHE_MINI_BATCH``: the same gradients in the memory of that many) from ``--grad_cache_from`` up;
 - **processes**: batch 64 a process, 1 and 2 processes (CPU DDP over gloo, one thread each, in-batch negatives
   gathered across them), and the scaling efficiency: sentences/s of 2 over twice those of 1;
 - **tokenization**: the first tokenization of 1,000,000 lines (the wiki file repeated) by the data module, into
@@ -35,6 +35,7 @@ from common import machine, print_machine, run_child, set_threads, write_record 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 LENGTHS = (32, 64, 128, 256)
 BATCHES = (64, 128, 256, 512, 1024)
+GRAD_CACHE_MINI_BATCH = 64  # sentences a GradCache pass holds, from --grad_cache_from up
 
 
 def peak_mib() -> float:
@@ -152,9 +153,9 @@ def main() -> None:
     def run(name: str, point: dict) -> dict | None:
         try:
             found = run_child([sys.executable, os.path.abspath(__file__), "--wiki", args.wiki, "--precision",
-                           args.precision, "--threads", str(args.threads), "--steps", str(args.steps),
-                           "--warmup_steps", str(args.warmup_steps), "--lines", str(args.lines), "--tmp", args.tmp,
-                           "--point", json.dumps(point)], name)
+                               args.precision, "--threads", str(args.threads), "--steps", str(args.steps),
+                               "--warmup_steps", str(args.warmup_steps), "--lines", str(args.lines), "--tmp",
+                               args.tmp, "--point", json.dumps(point)], name)
         except SystemExit as err:  # a point that cannot run (killed for memory, say) is a finding, not the end
             figures[f"{name} failed"] = str(err).splitlines()[0]
             print(f"{name}: {figures[f'{name} failed']}", flush=True)
@@ -173,7 +174,7 @@ def main() -> None:
                                          "devices": 1})
         if "batch" in parts:
             for batch in BATCHES:
-                mini = 64 if batch >= args.grad_cache_from else None
+                mini = GRAD_CACHE_MINI_BATCH if batch >= args.grad_cache_from else None
                 run(f"batch {batch}", {"kind": "train", "source": args.wiki, "max_length": 32, "batch": batch,
                                        "devices": 1, "mini_batch": mini})
         if "processes" in parts:
@@ -188,7 +189,8 @@ def main() -> None:
             run("tokenization", {"kind": "tokens"})
         write_record("scaling", figures, threads, notes={"precision": args.precision, "steps": args.steps,
                                                          "warmup_steps": args.warmup_steps, "lines": args.lines,
-                                                         "grad_cache_from": args.grad_cache_from})
+                                                         "grad_cache_from": args.grad_cache_from,
+                                                         "grad_cache_mini_batch": GRAD_CACHE_MINI_BATCH})
     finally:
         shutil.rmtree(args.tmp, ignore_errors=True)
 

@@ -189,6 +189,11 @@ def objectives_where(all_records: list[dict]) -> str:
     return f"Where and when: {where(found)}." if found else "No cell of this study has finished yet."
 
 
+def test_avgs(data: list[dict], study: str) -> dict[int, float]:
+    """Seed -> seven-task test average of a study's records that scored the test tasks."""
+    return {r["seed"]: r["test"]["avg"] for r in test_records(records.select(data, study))}
+
+
 def front_findings(all_records: list[dict]) -> str:
     """The front table in sentences: which objectives raise the start, which lower it, and which move it less than
     their seeds vary (the 95 % interval of the mean difference from the start holds 0)."""
@@ -201,7 +206,7 @@ def front_findings(all_records: list[dict]) -> str:
         if row.start != "start_mean":
             continue
         study = f"objectives_{row.stem}" if row.budget == "lr" else row.stem
-        tests = {r["seed"]: r["test"]["avg"] for r in test_records(records.select(all_records, study))}
+        tests = test_avgs(all_records, study)
         if len(tests) == 1:
             groups["one"].append(f"{row.label} {next(iter(tests.values())) - base:+.2f}")
         elif tests:
@@ -250,10 +255,16 @@ def processor(record: dict) -> str:
 
 def command_of(record: dict) -> str:
     """The benchmark's command line as a reader reruns it: paths in the clone relative, the data root as
-    ``$SENTEMB_DATA``."""
-    words = [w.replace(str(ROOT) + "/", "") for w in record["command"]]
+    ``$SENTEMB_DATA``, and any other path of the machine that ran it as its option's name (``--cache CACHE``)."""
     root = record.get("data_root")
-    return "`" + " ".join(w.replace(root, "$SENTEMB_DATA") if root else w for w in words) + "`"
+    words = []
+    for word in record["command"]:
+        word = word.replace(str(ROOT) + "/", "")
+        word = word.replace(root, "$SENTEMB_DATA") if root else word
+        if word.startswith("/") and words and words[-1].startswith("--"):
+            word = words[-1].lstrip("-").upper()
+        words.append(word)
+    return "`" + " ".join(words) + "`"
 
 
 def speed_rows(bench: list[dict]) -> list[tuple[str, str, dict]]:
@@ -271,7 +282,8 @@ def speed_rows(bench: list[dict]) -> list[tuple[str, str, dict]]:
     evals = newest(bench, "eval_speed")
     if evals and "sts_ours_s" in evals["figures"]:
         f = evals["figures"]
-        rows.append(("STS evaluation, the seven tasks of all-MiniLM-L6-v2 in fp32, ours / before",
+        rows.append(("STS evaluation, the seven tasks of all-MiniLM-L6-v2 in fp32, each distinct sentence once / "
+                     "each pair as it comes",
                      f"**{f['sts_ours_s']:.0f} s** / {f['sts_plain_s']:.0f} s (averages {f['sts_ours_avg']:.2f} / "
                      f"{f['sts_plain_avg']:.2f})", evals))
     if evals and "transfer_speedup" in evals["figures"]:
@@ -365,7 +377,7 @@ def perf_eval(data: Data) -> str:
         lines += ["| STS, seven tasks, fp32 | seconds | seven-task average |", "|---|---|---|",
                   f"| ours: each distinct sentence once, by length | **{f['sts_ours_s']:.1f}** | "
                   f"{f['sts_ours_avg']:.2f} |",
-                  f"| before: each subset's pairs as they come | {f['sts_plain_s']:.1f} | {f['sts_plain_avg']:.2f} |",
+                  f"| pair by pair: each subset's pairs as they come | {f['sts_plain_s']:.1f} | {f['sts_plain_avg']:.2f} |",
                   ""]
     tasks = record["notes"].get("tasks", [])
     if "transfer_speedup" in f:
@@ -400,10 +412,11 @@ def perf_scaling(data: Data) -> str:
                     key=lambda k: (sweeps.index(k.split()[0]) if k.split()[0] in sweeps else len(sweeps),
                                    int(k.split()[1]) if k.split()[1].isdigit() else 0, k))
     for key in points:
-        label = key.replace("length ", "max length ").replace("batch ", "batch ")
-        if key.startswith("batch") and int(key.split()[1]) >= record["notes"].get("grad_cache_from", 10 ** 9):
-            label += " (GradCache, 64 at a time)"
+        label = key.replace("length ", "max length ")
         sweep, size = key.split()[0], key.split()[1]
+        if sweep == "batch" and int(size) >= record["notes"].get("grad_cache_from", 10 ** 9):
+            mini = record["notes"].get("grad_cache_mini_batch")
+            label += f" (GradCache, {mini} at a time)" if mini else " (GradCache)"
         unit = ""
         if sweep in ("length", "batch") and size.isdigit():
             per = f[key + " step_s"] / int(size)
@@ -486,8 +499,7 @@ def protocol_pairs(data: Data) -> str:
     lines = ["| comparison | seeds | reference | compared | difference (mean ± sd) | 95 % interval | paired t (p) | "
              "sign-flip p |", "|---|---|---|---|---|---|---|---|"]
     for label, a, b in PAIRS:
-        ra = {r["seed"]: r["test"]["avg"] for r in test_records(records.select(data, a))}
-        rb = {r["seed"]: r["test"]["avg"] for r in test_records(records.select(data, b))}
+        ra, rb = test_avgs(data, a), test_avgs(data, b)
         seeds = sorted(set(ra) & set(rb))
         if len(seeds) < 2:
             lines.append(f"| {label} | {len(seeds)} | — | — | not enough paired seeds yet | | | |")
@@ -537,8 +549,7 @@ def protocol_transfer(data: Data) -> str:
 
 
 def front_simcse_dclr(data: Data) -> str:
-    ra = {r["seed"]: r["test"]["avg"] for r in test_records(records.select(data, "protocol_simcse"))}
-    rb = {r["seed"]: r["test"]["avg"] for r in test_records(records.select(data, "protocol_dclr"))}
+    ra, rb = test_avgs(data, "protocol_simcse"), test_avgs(data, "protocol_dclr")
     seeds = sorted(set(ra) & set(rb))
     if len(seeds) < 2:
         return ("SimCSE and DCLR at an equal tuning budget under the papers' protocol: no paired seeds have a record "

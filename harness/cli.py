@@ -31,6 +31,7 @@ from .exact_resume import RandomState, ResumedEpochPosition
 from .nonfinite import NonFiniteLossError, StopOnNonFiniteLoss
 from .preemption import Preemption
 
+
 def quiet_expected_warnings() -> None:
     """Silence the warnings a run of this CLI raises by design. Installed when a CLI is built, not when this
     module is imported: pytest (and any ``warnings.catch_warnings`` block) restores the filters after the import,
