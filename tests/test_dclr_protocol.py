@@ -51,9 +51,9 @@ def by_name(calls):
 def test_equal_budgets_choices_on_dev_and_the_stages_built_from_them(tmp_path, monkeypatch):
     def dev_of(name, values):
         if name == "protocol_simcse_dev":
-            best = values == {f"{M}augmentation": "span_cutoff", f"{M}lr": "5e-5"}
+            best = values == {f"{M}augmentation": "token_shuffle", f"{M}lr": "5e-5"}
             return (82.0, 78.0) if best else (80.0, 77.0)
-        if name == "protocol_dclr_dev_quantile" and values == {f"{M}noise_beta": "0.1", f"{M}phi_quantile": "0.98"}:
+        if name == "protocol_dclr_dev_quantile" and values == {f"{M}noise_beta": "0.1", f"{M}phi_quantile": "0.99"}:
             return (82.5, 78.5)
         return (81.0, 77.0)
 
@@ -70,17 +70,17 @@ def test_equal_budgets_choices_on_dev_and_the_stages_built_from_them(tmp_path, m
     dclr_cells = sum(len(list(itertools.product(*[grid.parse_vary(c[i + 1])[1] for i, w in enumerate(c)
                                                   if w == "--vary"])))
                      for n, c in grids.items() if n.startswith("protocol_dclr_dev"))
-    assert len(views) * len(lrs) == dclr_cells == dclr_protocol.BUDGET == 15
+    assert len(views) * len(lrs) == dclr_cells == dclr_protocol.BUDGET == 9
     for name in ("protocol_simcse_dev", "protocol_dclr_dev_phi", "protocol_dclr_dev_quantile"):
         assert "--dev_only" in grids[name] and grids[name][grids[name].index("--seeds") + 1] == "7"
     # SimCSE's choice is the arm on every seed; DCLR searches from that view and learning rate
-    assert f"{M}augmentation=span_cutoff" in grids["protocol_simcse"] and f"{M}lr=5e-5" in grids["protocol_simcse"]
+    assert f"{M}augmentation=token_shuffle" in grids["protocol_simcse"] and f"{M}lr=5e-5" in grids["protocol_simcse"]
     assert grids["protocol_simcse"][grids["protocol_simcse"].index("--seeds") + 1] == "7,8,9,10,11"
     assert "--transfer_dir" in grids["protocol_simcse"] and "--set" not in grids["protocol_simcse_dropout"]
-    assert f"{M}augmentation=span_cutoff" in grids["protocol_dclr_dev_phi"]
+    assert f"{M}augmentation=token_shuffle" in grids["protocol_dclr_dev_phi"]
     # DCLR's choice on every seed, each with the SimCSE of its own seed as complementary model
     final = grids["protocol_dclr"]
-    assert f"{M}noise_beta=0.1" in final and f"{M}phi_quantile=0.98" in final and "--dev_only" not in final
+    assert f"{M}noise_beta=0.1" in final and f"{M}phi_quantile=0.99" in final and "--dev_only" not in final
     comps = [w for w in final if w.startswith(f"{M}complementary_model=")]
     assert comps == [f"{M}complementary_model={out}/protocol_simcse/base/seed{{seed}}/model.ckpt"]
     dropout = grids["protocol_dclr_dropout"]
@@ -105,7 +105,7 @@ def test_equal_budgets_choices_on_dev_and_the_stages_built_from_them(tmp_path, m
 
 
 def test_a_stage_before_its_choice_is_one_error_line(tmp_path):
-    with pytest.raises(SystemExit, match="SimCSE's dev search has 0 of 15 cells"):
+    with pytest.raises(SystemExit, match="SimCSE's dev search has 0 of 9 cells"):
         dclr_protocol.main(["--sts_dir", "sts", "--out", str(tmp_path), "--records", str(tmp_path), "--stages",
                             "simcse"])
     with pytest.raises(SystemExit):
