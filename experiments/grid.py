@@ -35,6 +35,7 @@ two-thread cell after another.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import itertools
 import json
 import os
@@ -52,6 +53,7 @@ import records
 from records import DEV, ROOT, STS
 
 STS_TASKS = STS
+BUSY = 75  # --task: the cell is locked by another driver (EX_TEMPFAIL); a queue tries it again later
 
 
 def parse_vary(spec: str) -> tuple[str, list[str]]:
@@ -194,6 +196,24 @@ def run_cell(args: argparse.Namespace, cell: Path, assignment: dict[str, str], s
         write_record(args, cell, assignment, seed)  # a cell finished before its record was written
         return json.loads((cell / "eval.json").read_text())
     cell.mkdir(parents=True, exist_ok=True)
+    lock = open(cell / ".lock", "w")  # held while this process runs the cell; the system frees it when it dies
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        print(f"busy {name}: another driver is running this cell", flush=True)
+        raise Busy(str(name)) from None
+    try:
+        return _run_locked(args, cell, assignment, seed, name)
+    finally:
+        lock.close()
+
+
+class Busy(RuntimeError):
+    """Another process holds the cell's lock (two drivers never train one cell)."""
+
+
+def _run_locked(args: argparse.Namespace, cell: Path, assignment: dict[str, str], seed: int, name: Path) -> dict | None:
     with open(cell / "attempts.jsonl", "a") as f:  # the machine, versions and commit of each attempt
         f.write(json.dumps(records.attempt(args.threads)) + "\n")
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)  # the user's kept after
@@ -254,6 +274,13 @@ def run_cell(args: argparse.Namespace, cell: Path, assignment: dict[str, str], s
           f"dev mean {statistics.mean(dev[k] for k in DEV if k in dev) if dev else float('nan'):.2f} "
           f"({time.time() - start:.0f} s)", flush=True)
     return results
+
+
+def run_or_busy(args: argparse.Namespace, cell: Path, assignment: dict[str, str], seed: int) -> dict | None:
+    try:
+        return run_cell(args, cell, assignment, seed)
+    except Busy:
+        return None
 
 
 def write_record(args: argparse.Namespace, cell: Path, assignment: dict[str, str], seed: int) -> None:
@@ -425,10 +452,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.task is not None:
         if not 0 <= args.task < len(jobs):
             parser.error(f"--task {args.task}: this grid has {len(jobs)} cell(s), 0 to {len(jobs) - 1}")
-        return 0 if run_cell(args, *jobs[args.task]) is not None else 1  # one cell; the table job prints the table
+        try:
+            return 0 if run_cell(args, *jobs[args.task]) is not None else 1  # one cell; the table job prints it
+        except Busy:
+            return BUSY
     if not args.table_only:
         with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-            outcomes = list(pool.map(lambda job: run_cell(args, *job), jobs))
+            outcomes = list(pool.map(lambda job: run_or_busy(args, *job), jobs))
     args.out.mkdir(parents=True, exist_ok=True)
     text = table(rows)
     (args.out / "table.md").write_text(text + "\n")

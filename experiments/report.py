@@ -498,7 +498,12 @@ PAIRS = (  # (row, reference study, compared study): paired by seed on the seven
 def protocol_pairs(data: Data) -> str:
     lines = ["| comparison | seeds | reference | compared | difference (mean ± sd) | 95 % interval | paired t (p) | "
              "sign-flip p |", "|---|---|---|---|---|---|---|---|"]
+    from campaign import CUT
+
     for label, a, b in PAIRS:
+        if b in CUT:
+            lines.append(f"| {label} | — | — | — | cut from the campaign: see the budget below | | | |")
+            continue
         ra, rb = test_avgs(data, a), test_avgs(data, b)
         seeds = sorted(set(ra) & set(rb))
         if len(seeds) < 2:
@@ -561,19 +566,49 @@ def front_simcse_dclr(data: Data) -> str:
             f"sign-flip p {p.p_sign:.3f}); [the study](results/simcse_dclr.md).")
 
 
-class Data(list):
-    """The cell records (the list itself) and the benchmark records (``bench``): what every block reads."""
+def campaign_budget(data: Data) -> str:
+    """The campaign's plan against its budget, from the records, and what was cut to fit it."""
+    import campaign
 
-    def __init__(self, cells: list[dict], bench: list[dict]) -> None:
+    args = argparse.Namespace(data="$SENTEMB_DATA", threads=1, records=data.folder, out=ROOT / "runs" / "grid",
+                              config=[])
+    plan = campaign.build_plan(args)
+    state = campaign.State(plan, data.folder, known=list(data))
+    parts: dict[str, list[int]] = {}
+    for job in plan.jobs:
+        counts = parts.setdefault(job.part, [0, 0, 0])
+        counts[0] += state.done(job)
+        counts[1] += 1
+        counts[2] += state.estimate(job)[0] if not state.done(job) else 0
+    summary = campaign.summarize(plan, state, jobs=2)
+    lines = [f"The campaign (`python experiments/campaign.py --plan`): {summary.done} of {summary.done + summary.left} "
+             f"planned cells have records; {summary.spent_h:.1f} core-hours spent, about {summary.left_h:.1f} left by "
+             f"the records' wall times, against a budget of {campaign.BUDGET_CORE_HOURS:.0f}.", "",
+             "| part | cells with a record | planned | core-hours left (estimated) |", "|---|---|---|---|"]
+    for part, (done, planned, left) in parts.items():
+        lines.append(f"| {part} | {done} | {planned} | {left / 3600:.1f} |")
+    lines += ["", "Cut to fit the budget, in this order:", ""]
+    lines += [f"- `{study}`: {why};" for study, why in campaign.CUT.items()]
+    lines += [f"- the dev searches: {campaign.CUT_DEV_GRIDS};"]
+    lines[-1] = lines[-1].rstrip(";") + "."
+    return "\n".join(lines)
+
+
+class Data(list):
+    """The cell records (the list itself), the benchmark records (``bench``) and their folder: what every block
+    reads."""
+
+    def __init__(self, cells: list[dict], bench: list[dict], folder: Path = records.RECORDS) -> None:
         super().__init__(cells)
         self.bench = bench
+        self.folder = folder
 
 
 BLOCKS: dict[str, Callable[[list[dict]], str]] = {
     "readme_speed": readme_speed, "perf_train": perf_train, "perf_profile": perf_profile, "perf_eval": perf_eval,
     "perf_scaling": perf_scaling, "film_rows": film_rows, "film_pairs": film_pairs,
     "protocol_search": protocol_search, "protocol_pairs": protocol_pairs, "protocol_mechanisms": protocol_mechanisms,
-    "protocol_transfer": protocol_transfer, "front_simcse_dclr": front_simcse_dclr,
+    "protocol_transfer": protocol_transfer, "front_simcse_dclr": front_simcse_dclr, "campaign_budget": campaign_budget,
     "front_table": front_table, "front_findings": front_findings, "objectives_where": objectives_where,
     "start_table": start_table, "dev_grids": dev_grids, "test_table": test_table, "per_seed": per_seed_table,
 }
@@ -596,6 +631,70 @@ def cells_csv(all_records: list[dict]) -> str:
 FILES: dict[str, Callable[[list[dict]], str]] = {"docs/results/cells.csv": cells_csv}
 
 
+# -- the guards: one precision per study, test cells at the dev choice ----------------------------------------
+def family(study: str) -> str:
+    """The study a grid belongs to: its records share one table (``protocol_*``, ``objectives_*``, else itself)."""
+    for prefix in ("protocol_", "objectives_"):
+        if study.startswith(prefix):
+            return prefix.rstrip("_")
+    return study
+
+
+def record_path(r: dict) -> str:
+    return f"results/{r['study']}/{r['cell']}/seed{r['seed']}.json"
+
+
+def check_precisions(data: list[dict]) -> None:
+    """A study whose training records mix precisions cannot share a table: bf16 gives other numbers on a CPU
+    with bf16 units than fp32 does, and fp32 agrees across processor families."""
+    first: dict[str, dict] = {}
+    for r in data:
+        train = r["precision"]["train"]
+        if train is None:  # an evaluation of a model as it is
+            continue
+        seen = first.setdefault(family(r["study"]), r)
+        if str(seen["precision"]["train"]) != str(train):
+            raise records.RecordError(
+                f"{record_path(r)}: trained in precision {train}, but {record_path(seen)} of the same study "
+                f"({family(r['study'])}) in {seen['precision']['train']}; one table holds one precision")
+
+
+def overrides_of(r: dict) -> dict[str, str]:
+    return {**dict(o.partition("=")[::2] for o in r["overrides"]), **r["values"]}
+
+
+def check_choices(data: list[dict]) -> None:
+    """Every test cell runs its dev grid's choice: the objectives' learning rate, SimCSE's view and learning rate,
+    DCLR's settings (each compared with what the records of its dev grid choose)."""
+    import dclr_protocol as dp
+    import objectives as ob
+
+    expected: dict[str, tuple[dict[str, str] | None, str]] = {}
+    for name in (*ob.OBJECTIVES, "dclr"):
+        chosen = ob.choose(records.select(data, f"objectives_dev_{name}"))
+        expected[f"objectives_{name}"] = ({"model.init_args.lr": lr_of(chosen)} if chosen else None,
+                                          f"objectives_dev_{name}")
+    simcse = dp.choose(records.select(data, "protocol_simcse_dev"))
+    keep = (f"{dp.M}augmentation", f"{dp.M}lr")
+    expected["protocol_simcse"] = ({k: dp.settings(simcse)[k] for k in keep} if simcse else None,
+                                   "protocol_simcse_dev")
+    dclr = dp.choose([r for st in ("protocol_dclr_dev_phi", "protocol_dclr_dev_quantile")
+                      for r in records.select(data, st)])
+    expected["protocol_dclr"] = (dp.settings(dclr) if dclr else None, "protocol_dclr_dev_*")
+    for r in data:
+        if r["study"] not in expected:
+            continue
+        want, dev = expected[r["study"]]
+        if want is None:
+            raise records.RecordError(f"{record_path(r)}: a test cell, but its dev grid ({dev}) has not chosen yet")
+        have = overrides_of(r)
+        wrong = {k: v for k, v in want.items() if have.get(k) != v}
+        if wrong:
+            key = next(iter(wrong))
+            raise records.RecordError(f"{record_path(r)}: {key}={have.get(key)}, but its dev grid ({dev}) chose "
+                                      f"{key}={wrong[key]}")
+
+
 # -- writing and checking ------------------------------------------------------------------------------------
 def render_page(text: str, rendered: dict[str, str], page: str) -> str:
     def replace(match: re.Match) -> str:
@@ -610,7 +709,9 @@ def render_page(text: str, rendered: dict[str, str], page: str) -> str:
 def run(root: Path = ROOT, records_dir: Path | None = None, check: bool = False) -> list[str]:
     """Rewrite (or, with ``check``, compare) every generated block and file; returns the differences found."""
     folder = records_dir or root / "results"
-    found = Data(records.load_all(folder), benchmark_records(folder))
+    found = Data(records.load_all(folder), benchmark_records(folder), folder)
+    check_precisions(found)
+    check_choices(found)
     rendered = {name: block(found) for name, block in BLOCKS.items()}
     placed: set[str] = set()
     outputs = {}

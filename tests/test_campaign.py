@@ -1,0 +1,238 @@
+"""experiments/campaign.py: the plan's order and dependencies, costs from the records, a queue of real tiny cells
+that is killed and restarted (the stopped cell resumes from its checkpoint, a recorded cell is never run again),
+and the report's guards (one precision per study, test cells at the dev choice)."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.test_report import record
+from tests.test_train import objective_config
+
+sys.path.insert(0, str(ROOT / "experiments"))
+import campaign  # noqa: E402
+import dclr_protocol  # noqa: E402
+import records  # noqa: E402
+import report  # noqa: E402
+
+M = "model.init_args."
+
+
+def plan_args(tmp_path) -> argparse.Namespace:
+    return argparse.Namespace(data=str(tmp_path / "data"), threads=1, records=tmp_path / "records",
+                              out=tmp_path / "out", config=[])
+
+
+def write(root, study, cell, seed, avg=None, wall=100.0, dev=(80.0, 70.0), overrides=(), steps=300, precision="32"):
+    r = record(study, cell, seed, avg, dev=dev)
+    r["wall_s"], r["overrides"] = wall, list(overrides)
+    r["dev_curve"] = [{"step": 0, "stsb": 1.0, "sickr": 2.0}, {"step": steps, "stsb": 1.0, "sickr": 2.0}]
+    r["precision"]["train"] = precision
+    records.write(records.path_of(root, study, cell, seed), r)
+    return r
+
+
+def keys(plan, state):
+    return [j.key for j in plan.jobs if not state.done(j) and state.ready(j)]
+
+
+def test_the_plan_waits_for_each_choice_and_for_each_seeds_complementary_model(tmp_path):
+    args = plan_args(tmp_path)
+    plan = campaign.build_plan(args)
+    studies = [j.study for j in plan.jobs]
+    # the headline first, its five seeds whole, the two dev searches of one size, nothing cut in the plan
+    assert studies.index("protocol_simcse_dev") == 0 and max(
+        i for i, s in enumerate(studies) if s.startswith("protocol_dclr")) < studies.index("objectives_dev_nli_softmax")
+    assert sorted(j.seed for j in plan.jobs if j.study == "protocol_dclr") == [42, 43, 44, 45, 46]
+    assert sorted(j.seed for j in plan.jobs if j.study == "protocol_simcse") == [42, 43, 44, 45, 46]
+    simcse_dev = [j for j in plan.jobs if j.study == "protocol_simcse_dev"]
+    dclr_dev = [j for j in plan.jobs if j.study.startswith("protocol_dclr_dev")]
+    assert len(simcse_dev) == len(dclr_dev) == dclr_protocol.BUDGET
+    assert not set(studies) & set(campaign.CUT)
+
+    state = campaign.State(plan, args.records)
+    ready = keys(plan, state)
+    assert all(k.startswith("protocol_simcse_dev/") for k in ready[:9]) and "protocol_simcse/base/seed42" not in ready
+    assert not any(k.startswith("objectives_nli_softmax/") for k in ready)  # its dev grid has no record yet
+
+    # SimCSE's dev grid lands: its five seeds are ready, DCLR's search still waits for the seed-42 SimCSE
+    for j in simcse_dev:
+        write(args.records, j.study, j.label, 42, dev=(82.0, 78.0) if "token_shuffle,lr=3e-5" in j.label else (80, 70),
+              overrides=[f"{k}={v}" for k, v in zip((f"{M}augmentation", f"{M}lr"), j.label.replace(
+                  "augmentation=", "").replace("lr=", "").split(","))])
+    state = campaign.State(plan, args.records)
+    ready = keys(plan, state)
+    assert [k for k in ready if k.startswith("protocol_simcse/")] == [f"protocol_simcse/base/seed{s}" for s in
+                                                                       campaign.SEEDS]
+    assert not any(k.startswith("protocol_dclr") for k in ready)
+    # the chosen view and learning rate are in the arm's command, built only now
+    command = next(j for j in plan.jobs if j.study == "protocol_simcse").command()
+    assert f"{M}augmentation=token_shuffle" in command and f"{M}lr=3e-5" in command
+
+    write(args.records, "protocol_simcse", "base", 42, avg=75.0)
+    state = campaign.State(plan, args.records)
+    ready = keys(plan, state)
+    assert sum(k.startswith("protocol_dclr_dev") for k in ready) == dclr_protocol.BUDGET
+    assert not any(k.startswith("protocol_dclr/") for k in ready)
+    for j in dclr_dev:
+        write(args.records, j.study, j.label, 42)
+    state = campaign.State(plan, args.records)
+    # each final DCLR seed waits for the SimCSE of its own seed (its complementary model)
+    assert [k for k in keys(plan, state) if k.startswith("protocol_dclr/")] == ["protocol_dclr/base/seed42"]
+    final = next(j for j in plan.jobs if j.study == "protocol_dclr").command()
+    assert f"{M}complementary_model={args.out}/protocol_simcse/base/seed{{seed}}/model.ckpt" in final
+    # objectives' DCLR waits for the objectives' SimCSE of the same seed
+    dev = next(j for j in plan.jobs if j.study == "objectives_dev_dclr")
+    assert campaign.Need("objectives_simcse_unsup", 42) in dev.needs
+
+
+def test_plan_costs_come_from_the_records_and_name_their_source(tmp_path, capsys):
+    args = plan_args(tmp_path)
+    write(args.records, "objectives_dev_mnr", "lr=1e-5", 42, wall=600.0, steps=300)
+    plan = campaign.build_plan(args)
+    state = campaign.State(plan, args.records)
+    cost, source = state.estimate(next(j for j in plan.jobs if j.study == "protocol_simcse_dev"))
+    assert cost == pytest.approx(600.0 * campaign.PROTOCOL_STEPS / 300) and "objectives_dev_mnr" in source
+    write(args.records, "protocol_simcse_dev", "augmentation=dropout,lr=1e-5", 42, wall=1500.0, steps=415)
+    state = campaign.State(plan, args.records)
+    cost, source = state.estimate(next(j for j in plan.jobs if j.study == "protocol_simcse"))
+    assert cost == pytest.approx(1500.0) and "protocol_simcse_dev" in source
+    campaign.print_plan(plan, state, jobs=2)
+    out = capsys.readouterr().out
+    summary = campaign.summarize(plan, state, 2)
+    assert summary.done == 2 and summary.spent_h == pytest.approx(2100.0 / 3600)
+    assert out.splitlines()[0].startswith(f"campaign: 2 of {len(plan.jobs)} cells done")
+    assert "protocol_simcse/base/seed42" in out and "(waits for protocol_simcse_dev)" in out
+    assert "cut, and why:" in out and all(study in out for study in campaign.CUT)
+
+
+DRIVER = """\
+import sys
+from pathlib import Path
+sys.path.insert(0, {experiments!r})
+import argparse, campaign
+out, records_dir, config, sts = Path({out!r}), Path({records!r}), {config!r}, {sts!r}
+def grid(name, *extra):
+    return lambda: [sys.executable, {grid!r}, "--name", name, "--config", config, "--sts_dir", sts, "--select",
+                    "last", "--threads", "1", "--eval_precision", "32", "--out", str(out), "--records",
+                    str(records_dir), *extra]
+plan = campaign.Plan()
+plan.grid("tiny_dev", "1", grid("tiny_dev", "--vary", "model.init_args.lr=1e-3,2e-3", "--dev_only",
+                                "--set", "trainer.max_steps={long}"), vary={{"model.init_args.lr": ("1e-3", "2e-3")}})
+plan.grid("tiny_test", "1", grid("tiny_test"), needs=lambda seed: (campaign.Need("tiny_dev"),))
+args = argparse.Namespace(jobs=1, threads=1, commit=False, records=records_dir, out=out, poll=0.2)
+sys.exit(campaign.Runner(args, plan).run())
+"""
+
+
+@pytest.mark.slow
+def test_a_queue_killed_mid_cell_resumes_it_from_its_checkpoint_and_never_redoes_a_recorded_cell(
+        tmp_path, tiny_model_dir, fixtures_dir):
+    config = objective_config(tmp_path, tiny_model_dir, fixtures_dir, "STSRegression", "STSDataModule")
+    text = open(config).read().replace("val_check_interval: 2", "val_check_interval: 4")
+    open(config, "w").write(text + "last_checkpoint:\n  every_n_train_steps: 2\n")
+    out, root = tmp_path / "out", tmp_path / "records"
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER.format(experiments=str(ROOT / "experiments"), out=str(out), records=str(root),
+                                    config=config, sts=str(fixtures_dir / "sts"),
+                                    grid=str(ROOT / "experiments" / "grid.py"), long=24))
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    first = root / "tiny_dev" / "lr=1e-3" / "seed42.json"
+    second = out / "tiny_dev" / "lr=2e-3" / "seed42"
+    # a stop ends every process: the queue and its cells are one process group, killed without warning
+    queue = subprocess.Popen([sys.executable, str(driver)], cwd=ROOT, env=env, start_new_session=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 600
+    while not (first.exists() and any(second.glob("train/**/checkpoints/last.ckpt"))):
+        assert queue.poll() is None and time.time() < deadline, queue.stdout.read() if queue.poll() is not None else ""
+        time.sleep(0.2)
+    time.sleep(0.5)  # past at least one more periodic checkpoint
+    os.killpg(queue.pid, signal.SIGKILL)
+    queue.wait()
+    assert not (root / "tiny_dev" / "lr=2e-3" / "seed42.json").exists()
+    assert not (root / "tiny_test").exists()  # it waits for the whole dev grid
+    kept = first.read_text()
+
+    again = subprocess.run([sys.executable, str(driver)], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "every cell of the plan has its record" in again.stdout
+    assert first.read_text() == kept  # the recorded cell was not run again
+    assert len((out / "tiny_dev" / "lr=1e-3" / "seed42" / "attempts.jsonl").read_text().splitlines()) == 1
+    # the stopped cell: a second attempt that resumed from its last checkpoint, past step 0
+    resumed = records.load(root / "tiny_dev" / "lr=2e-3" / "seed42.json")
+    assert resumed["attempts"] == 2
+    log = (second / "train.log").read_text()
+    steps = [int(line.rsplit("(step ", 1)[1].rstrip(")")) for line in log.splitlines()
+             if "--ckpt_path last: resuming from" in line]
+    assert steps and steps[-1] > 0
+    assert max(p["step"] for p in resumed["dev_curve"]) == 24
+    assert records.load(root / "tiny_test" / "base" / "seed42.json")["test"] is not None
+
+
+def test_two_drivers_never_train_one_cell(tmp_path):
+    sys.path.insert(0, str(ROOT / "experiments"))
+    import fcntl
+
+    import grid
+
+    cell = tmp_path / "out" / "g" / "base" / "seed1"
+    cell.mkdir(parents=True)
+    held = open(cell / ".lock", "w")
+    fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    args = argparse.Namespace(out=tmp_path / "out")
+    with pytest.raises(grid.Busy):
+        grid.run_cell(args, cell, {}, 1)
+    assert not (cell / "attempts.jsonl").exists()  # nothing was started
+    held.close()
+
+
+def test_the_report_refuses_a_study_that_mixes_precisions(tmp_path):
+    write(tmp_path, "protocol_simcse_dev", "augmentation=dropout,lr=1e-5", 42, precision="32")
+    write(tmp_path, "protocol_simcse_dev", "augmentation=dropout,lr=3e-5", 42, precision="bf16-mixed")
+    with pytest.raises(records.RecordError, match=r"lr=3e-5/seed42.json: trained in precision bf16-mixed, but "
+                                                  r".*lr=1e-5/seed42.json of the same study \(protocol\) in 32"):
+        report.check_precisions(records.load_all(tmp_path))
+    # another study may run in another precision; an evaluation-only record has none
+    other = tmp_path / "other"
+    write(other, "objectives_dev_mnr", "lr=1e-5", 42, precision="32")
+    write(other, "film_tfidf", "base", 42, precision="bf16-mixed")
+    write(other, "start_mean", "base", 42, precision=None)
+    report.check_precisions(records.load_all(other))
+
+
+def test_the_report_refuses_a_test_cell_that_is_not_its_dev_grids_choice(tmp_path):
+    for lr, dev in (("1e-5", (80.0, 70.0)), ("3e-5", (82.0, 71.0)), ("5e-5", (79.0, 70.0))):
+        r = record("objectives_dev_mnr", f"lr={lr}", 42, None, dev=dev, lr=lr)
+        records.write(records.path_of(tmp_path, "objectives_dev_mnr", f"lr={lr}", 42), r)
+    good = record("objectives_mnr", "base", 42, 75.0)
+    good["overrides"] = [f"{M}lr=3e-5"]
+    records.write(records.path_of(tmp_path, "objectives_mnr", "base", 42), good)
+    report.check_choices(records.load_all(tmp_path))
+    bad = record("objectives_mnr", "base", 43, 75.0)
+    bad["overrides"] = [f"{M}lr=5e-5"]
+    records.write(records.path_of(tmp_path, "objectives_mnr", "base", 43), bad)
+    with pytest.raises(records.RecordError, match=r"objectives_mnr/base/seed43.json: model.init_args.lr=5e-5, but "
+                                                  r"its dev grid \(objectives_dev_mnr\) chose model.init_args.lr=3e-5"):
+        report.check_choices(records.load_all(tmp_path))
+    # a test cell before its dev grid has chosen
+    lone = tmp_path / "lone"
+    records.write(records.path_of(lone, "protocol_simcse", "base", 42), record("protocol_simcse", "base", 42, 75.0))
+    with pytest.raises(records.RecordError, match="has not chosen yet"):
+        report.check_choices(records.load_all(lone))
+
+
+def test_the_plan_in_the_docs_is_generated_with_every_cut_and_its_reason():
+    text = (ROOT / "docs" / "results" / "simcse_dclr.md").read_text()
+    block = text.split("<!-- report:campaign_budget -->")[1].split("<!-- /report:campaign_budget -->")[0]
+    assert all(f"`{study}`" in block for study in campaign.CUT) and "dev searches" in block
+    assert textwrap.dedent(block).strip()
