@@ -195,6 +195,8 @@ def run_cell(args: argparse.Namespace, cell: Path, assignment: dict[str, str], s
         print(f"skip {name} (finished)", flush=True)
         write_record(args, cell, assignment, seed)  # a cell finished before its record was written
         return json.loads((cell / "eval.json").read_text())
+    if CHILDREN.signalled:  # preempted while another cell ran: start nothing more
+        raise SystemExit(0)
     cell.mkdir(parents=True, exist_ok=True)
     lock = open(cell / ".lock", "w")  # held while this process runs the cell; the system frees it when it dies
     try:

@@ -236,3 +236,13 @@ def test_the_plan_in_the_docs_is_generated_with_every_cut_and_its_reason():
     block = text.split("<!-- report:campaign_budget -->")[1].split("<!-- /report:campaign_budget -->")[0]
     assert all(f"`{study}`" in block for study in campaign.CUT) and "dev searches" in block
     assert textwrap.dedent(block).strip()
+
+
+def test_a_preempted_grid_starts_no_further_cell(tmp_path, monkeypatch):
+    import grid
+
+    monkeypatch.setattr(grid.CHILDREN, "signalled", "SIGTERM")
+    cell = tmp_path / "out" / "g" / "base" / "seed1"
+    with pytest.raises(SystemExit) as stopped:
+        grid.run_cell(argparse.Namespace(out=tmp_path / "out"), cell, {}, 1)
+    assert stopped.value.code == 0 and not cell.exists()
