@@ -400,10 +400,15 @@ class Runner:
 
 def commit(landed: list[Job], root: Path) -> None:
     """The landed records and the pages regenerated from them, as one commit (only those files)."""
-    import report
-
-    problems = report.run(records_dir=root)
-    pages = [p.split(" differs from", 1)[0] for p in problems if " differs from" in p]
+    # in a fresh process, so that the pages are what the checked-out report.py writes, not the one this queue
+    # imported when it started
+    written = subprocess.run([sys.executable, str(ROOT / "experiments" / "report.py"), "--records", str(root)],
+                             cwd=ROOT, capture_output=True, text=True)
+    if written.returncode != 0:
+        print(f"could not regenerate the pages ({written.stderr.strip()}); the records stay on disk under {root}",
+              flush=True)
+        return
+    pages = [line.split(" ", 1)[1] for line in written.stdout.splitlines() if line.startswith("rewrote ")]
     names = " ".join(j.key for j in landed)
     message = f"Records: {len(landed)} finished cell(s) ({names}), with the tables regenerated"
     for attempt in range(5):

@@ -752,6 +752,9 @@ def main(argv: list[str] | None = None) -> int:
         print("error: the docs differ from the records; run python experiments/report.py", file=sys.stderr)
         return 1
     if not args.check:
+        for p in problems:
+            if " differs from" in p:
+                print(f"rewrote {p.split(' differs from', 1)[0]}")
         print(f"{len(problems) - len(unplaced)} page(s) or file(s) rewritten from the records")
     return 1 if unplaced else 0
 
