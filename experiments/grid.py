@@ -35,6 +35,7 @@ two-thread cell after another.
 from __future__ import annotations
 
 import argparse
+import datetime
 import fcntl
 import itertools
 import json
@@ -206,25 +207,67 @@ def run_cell(args: argparse.Namespace, cell: Path, assignment: dict[str, str], s
         print(f"busy {name}: another driver is running this cell", flush=True)
         raise Busy(str(name)) from None
     try:
-        return _run_locked(args, cell, assignment, seed, name)
+        with open(cell / "attempts.jsonl", "a") as f:  # the machine, versions and commit of each attempt
+            f.write(json.dumps(records.attempt(args.threads)) + "\n")
+        clock = Elapsed(cell, time.time())
+        try:
+            return _run_locked(args, cell, assignment, seed, name, clock)
+        finally:
+            clock.stop()
     finally:
         lock.close()
+
+
+class Elapsed:
+    """The seconds a cell has run over all its attempts, kept in ``elapsed_s`` and refreshed every 30 s while it
+    runs, so a cell killed without warning loses at most that much of its count. A cell begun before this file
+    was kept counts its earlier attempts from their start times in ``attempts.jsonl`` (each restart came right
+    after the stop)."""
+
+    def __init__(self, cell: Path, start: float) -> None:
+        import threading
+
+        self.path, self.start = cell / "elapsed_s", start
+        if self.path.exists():
+            self.before = float(self.path.read_text())
+        else:
+            starts = [datetime.datetime.fromisoformat(json.loads(line)["started"]).timestamp()
+                      for line in (cell / "attempts.jsonl").read_text().splitlines() if line.strip()]
+            self.before = max(0.0, starts[-1] - starts[0]) if len(starts) > 1 else 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+        self._thread.start()
+
+    def total(self) -> float:
+        return self.before + time.time() - self.start
+
+    def _write(self) -> None:
+        tmp = self.path.with_suffix(".partial")
+        tmp.write_text(f"{self.total():.0f}\n")
+        os.replace(tmp, self.path)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(30):
+            self._write()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._write()
 
 
 class Busy(RuntimeError):
     """Another process holds the cell's lock (two drivers never train one cell)."""
 
 
-def _run_locked(args: argparse.Namespace, cell: Path, assignment: dict[str, str], seed: int, name: Path) -> dict | None:
-    with open(cell / "attempts.jsonl", "a") as f:  # the machine, versions and commit of each attempt
-        f.write(json.dumps(records.attempt(args.threads)) + "\n")
+def _run_locked(args: argparse.Namespace, cell: Path, assignment: dict[str, str], seed: int, name: Path,
+                clock: Elapsed) -> dict | None:
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)  # the user's kept after
     env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=path)
     if args.threads:
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(args.threads)
     overrides = cell_overrides(args, assignment, seed)
     partial = cell / "eval.json.partial"
-    start = time.time()
+    start = clock.start
     with open(cell / "train.log", "a") as log:
         if args.model:  # an evaluation of a model as it is: no training, no dev curve
             ckpt = None
@@ -269,7 +312,7 @@ def _run_locked(args: argparse.Namespace, cell: Path, assignment: dict[str, str]
         scores["avg"] = float(results["avg"])
     dev_scores = {f"dev_{k}": dev[k] for k in DEV if k in dev}
     write_hparams(cell, cell_hparams(args, assignment, seed), {**scores, **dev_scores})
-    (cell / "wall_s").write_text(f"{time.time() - start:.0f}\n")  # training and evaluation, this attempt
+    (cell / "wall_s").write_text(f"{clock.total():.0f}\n")  # training and evaluation, every attempt
     os.replace(partial, cell / "eval.json")  # its presence means the cell is finished
     write_record(args, cell, assignment, seed)
     print(f"done  {name}: avg {scores.get('avg', float('nan')):.2f}, "

@@ -246,3 +246,20 @@ def test_a_preempted_grid_starts_no_further_cell(tmp_path, monkeypatch):
     with pytest.raises(SystemExit) as stopped:
         grid.run_cell(argparse.Namespace(out=tmp_path / "out"), cell, {}, 1)
     assert stopped.value.code == 0 and not cell.exists()
+
+
+def test_a_cells_wall_time_counts_every_attempt(tmp_path):
+    import grid
+
+    cell = tmp_path / "cell"
+    cell.mkdir()
+    starts = ['{"started": "2026-12-06T10:00:00+00:00"}', '{"started": "2026-12-06T10:05:00+00:00"}']
+    (cell / "attempts.jsonl").write_text("\n".join(starts) + "\n")
+    clock = grid.Elapsed(cell, time.time())  # begun before elapsed_s was kept: the earlier attempt's 300 s
+    clock.stop()
+    assert 300 <= float((cell / "elapsed_s").read_text()) < 310
+    (cell / "elapsed_s").write_text("1200\n")  # the count kept by an attempt killed without warning
+    clock = grid.Elapsed(cell, time.time() - 60)
+    assert clock.total() == pytest.approx(1260, abs=5)
+    clock.stop()
+    assert float((cell / "elapsed_s").read_text()) == pytest.approx(1260, abs=5)
