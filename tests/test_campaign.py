@@ -166,6 +166,8 @@ def test_a_queue_killed_mid_cell_resumes_it_from_its_checkpoint_and_never_redoes
                            timeout=600)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "every cell of the plan has its record" in again.stdout
+    # not a terminal: one line per cell, each with the progress
+    assert "done  tiny_test/base/seed42" in again.stdout and "3 of 3 cells done, 0 left" in again.stdout
     assert first.read_text() == kept  # the recorded cell was not run again
     assert len((out / "tiny_dev" / "lr=1e-3" / "seed42" / "attempts.jsonl").read_text().splitlines()) == 1
     # the stopped cell: a second attempt that resumed from its last checkpoint, past step 0
@@ -263,3 +265,22 @@ def test_a_cells_wall_time_counts_every_attempt(tmp_path):
     assert clock.total() == pytest.approx(1260, abs=5)
     clock.stop()
     assert float((cell / "elapsed_s").read_text()) == pytest.approx(1260, abs=5)
+
+
+def test_progress_is_a_bar_on_a_terminal_and_a_line_per_cell_elsewhere(tmp_path, capsys):
+    args = argparse.Namespace(jobs=2, threads=1, commit=False, records=tmp_path / "records", out=tmp_path / "out",
+                              poll=0.1)
+    plan = campaign.Plan()
+    plan.grid("g", "1", lambda: [], vary={"model.init_args.lr": ("1e-3", "2e-3")})
+    write(args.records, "g", "lr=1e-3", 42, wall=3600.0)
+    runner = campaign.Runner(args, plan)
+    state = runner.state()
+    runner.tty = False
+    runner.say("done  g/lr=1e-3/seed42", state)
+    line = capsys.readouterr().out
+    assert line.startswith("done  g/lr=1e-3/seed42 | 1 of 2 cells done, 1 left; 1.0 core-hours spent, about 1.0 left")
+    assert line.count("\n") == 1
+    runner.tty = True
+    runner.say("done  g/lr=1e-3/seed42", state)
+    bar = capsys.readouterr().out
+    assert "\r\033[K" in bar and "[###############...............] 1 of 2 cells done" in bar
