@@ -284,3 +284,32 @@ def test_progress_is_a_bar_on_a_terminal_and_a_line_per_cell_elsewhere(tmp_path,
     runner.say("done  g/lr=1e-3/seed42", state)
     bar = capsys.readouterr().out
     assert "\r\033[K" in bar and "[###############...............] 1 of 2 cells done" in bar
+
+
+def test_every_cell_that_can_be_built_now_trains_and_evaluates_in_fp32(tmp_path):
+    import yaml
+
+    plan = campaign.build_plan(plan_args(tmp_path))
+    built = 0
+    for job in plan.jobs:
+        try:
+            command = job.command()
+        except SystemExit:  # a stage that waits for a choice
+            continue
+        except RuntimeError:
+            continue
+        built += 1
+        precision, encode = "32", "32"  # the Trainer's and FILM's defaults
+        for i, word in enumerate(command):
+            if word == "--config":
+                config = yaml.safe_load((ROOT / command[i + 1]).read_text()) or {}
+                precision = str((config.get("trainer") or {}).get("precision", precision))
+                encode = str(((config.get("model") or {}).get("init_args") or {}).get("encode_precision", encode))
+            if word == "--set" and command[i + 1].startswith("trainer.precision="):
+                precision = command[i + 1].split("=", 1)[1]
+            if word == "--set" and command[i + 1].startswith("model.init_args.encode_precision="):
+                encode = command[i + 1].split("=", 1)[1]
+        assert precision == "32" and encode == "32", (job.key, precision, encode)
+        if "--eval_precision" in command:
+            assert command[command.index("--eval_precision") + 1] == "32", job.key
+    assert built >= 30  # the dev grids, FILM and the transfer rows
