@@ -55,7 +55,8 @@ BUDGET_CORE_HOURS = 45.0
 SEEDS = (42, 43, 44, 45, 46)  # the headline's five paired seeds: never cut
 M = "model.init_args."
 BUSY = grid.BUSY
-PROTOCOL_STEPS = 415  # one epoch of the 26,616 wiki sentences in full batches of 64 (configs/overlays/dclr_protocol.yaml)
+# one epoch of the 26,616 wiki sentences in full batches of 64 (configs/overlays/dclr_protocol.yaml)
+PROTOCOL_STEPS = 415
 OBJECTIVE_STEPS = 300  # configs/overlays/cpu_dev_choice.yaml
 # objectives without records of their own yet: the study whose per-step cost is nearest (batch 64 of pairs)
 KIN = {"mnr": ("objectives_dev_mnr",), "mnr_hard_negatives": ("objectives_dev_mnr",),
@@ -111,9 +112,9 @@ class Job:
 class Plan:
     jobs: list[Job] = field(default_factory=list)
 
-    def grid(self, study: str, part: str, command: Callable[[], list[str]], *, vary: dict[str, tuple[str, ...]] | None = None,
-             seeds: tuple[int, ...] = (42,), needs: Callable[[int], tuple[Need, ...]] = lambda seed: (),
-             kin: tuple[str, ...] = (), steps: int | None = None) -> None:
+    def grid(self, study: str, part: str, command: Callable[[], list[str]], *,
+             vary: dict[str, tuple[str, ...]] | None = None, seeds: tuple[int, ...] = (42,),
+             needs: Callable[[int], tuple[Need, ...]] = lambda seed: (), kin: tuple[str, ...] = (), steps: int | None = None) -> None:
         """The cells of one grid.py grid, in grid.py's order (the varied values, then the seeds)."""
         if study in CUT:
             return
@@ -392,9 +393,12 @@ class Runner:
                 if waiting:
                     time.sleep(self.args.poll)
                     continue
-                print(f"\n{'every cell of the plan has its record' if not left else f'{len(left)} cell(s) cannot start: ' + ', '.join(sorted(self.failed)[:5]) + ' failed'}",
-                      flush=True)
-                return 0 if not left else 1
+                if not left:
+                    print("\nevery cell of the plan has its record", flush=True)
+                    return 0
+                print(f"\n{len(left)} cell(s) cannot start: {', '.join(sorted(self.failed))} failed (their logs say "
+                      "why; the same command tries them again)", flush=True)
+                return 1
             time.sleep(self.args.poll)
 
 
