@@ -24,7 +24,7 @@ import torch
 import yaml
 
 from tests.conftest import ROOT
-from tests.test_reliability import run_config
+from tests.test_reliability import run_config, train_script
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
@@ -114,9 +114,9 @@ def train_config(root: Path, tiny: str, fixtures: Path) -> str:
     return config
 
 
-def sbatch_train(root: Path, config: str, *sbatch: str) -> str:
+def sbatch_train(root: Path, config: str, *sbatch: str, args: tuple[str, ...] = ()) -> str:
     return submit(*sbatch, f"--output={root}/slurm-%j.out", "slurm/train.sbatch", "--config", config,
-                  "--validate_first", "false", "--trainer.default_root_dir", str(root / "runs"))
+                  "--validate_first", "false", "--trainer.default_root_dir", str(root / "runs"), *args)
 
 
 def final_weights(root: Path) -> tuple[int, dict]:
@@ -359,7 +359,7 @@ def test_in_batch_negatives_gathered_across_two_nodes_equal_one_process_with_the
         root.mkdir(parents=True)
         path = Path(objective_config(root, still_model_dir, fixtures_dir, "MNR", "NLIDataModule",
                                      data_args={"view": "pairs", "per_device_batch_size": per_device},
-                                     model_args={"gather_across_devices": True})))
+                                     model_args={"gather_across_devices": True}))
         config = yaml.safe_load(path.read_text())
         config["trainer"].update({"max_steps": 3, "val_check_interval": 100, "precision": "32"})
         path.write_text(yaml.safe_dump(config))
@@ -452,7 +452,7 @@ def test_a_two_node_job_resumes_on_one_node_and_a_one_node_job_on_two(two_node_j
 def test_a_trainer_layout_that_is_not_the_allocation_ends_with_one_line_naming_both(two_nodes, tmp_path,
                                                                                     still_model_dir, fixtures_dir):
     config = node_config(tmp_path, still_model_dir, fixtures_dir)
-    job_id = sbatch_train(tmp_path, config, *TWO_NODES, "--trainer.devices", "2")
+    job_id = sbatch_train(tmp_path, config, *TWO_NODES, args=("--trainer.devices", "2"))
     info = wait_state(job_id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), timeout=180)
     log = log_of(tmp_path, job_id)
     errors = [line for line in log.splitlines() if line.startswith("error:")]
