@@ -60,7 +60,8 @@ class SaveConfig(SaveConfigCallback):
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if not self.already_saved and self.save_to_log_dir and not self.overwrite:
-            path = os.path.join(trainer.log_dir, self.config_filename)  # log_dir: every rank takes part
+            log_dir = trainer.log_dir  # a broadcast: every rank takes part, once (never inside is_global_zero)
+            path = os.path.join(log_dir, self.config_filename)
             verdict = None
             if trainer.is_global_zero and os.path.isfile(path):
                 with open(path) as f:
@@ -69,9 +70,9 @@ class SaveConfig(SaveConfigCallback):
                 verdict = "same" if saved == mine else "layout" if self._layout_only(saved, mine) else None
                 if verdict == "layout":
                     n = 1
-                    while os.path.exists(os.path.join(trainer.log_dir, f"config-restart{n}.yaml")):
+                    while os.path.exists(os.path.join(log_dir, f"config-restart{n}.yaml")):
                         n += 1
-                    with open(os.path.join(trainer.log_dir, f"config-restart{n}.yaml"), "w") as f:
+                    with open(os.path.join(log_dir, f"config-restart{n}.yaml"), "w") as f:
                         yaml.safe_dump(mine, f, sort_keys=False)
             if trainer.strategy.broadcast(verdict) is not None:
                 self.already_saved = True

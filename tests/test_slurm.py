@@ -264,6 +264,33 @@ TWO_NODES = ("--nodes=2", "--ntasks-per-node=1")
 NODE_STEPS = 8  # 96 fixture pairs, 16 per rank and step: 3 steps an epoch on 2 ranks, a preemption mid-epoch
 
 
+def test_the_layout_check_and_the_rendezvous_port_read_the_slurm_variables():
+    from harness.slurm_layout import first_node, layout_error, master_port
+
+    assert [first_node(n) for n in ("node[3-5,7],gpu1", "a1,b2", "gpu[12]", "sentemb[1-2]")] == \
+        ["node3", "a1", "gpu12", "sentemb1"]
+    # the documented rule: MASTER_PORT, else SENTEMB_PORT_BASE (20000) + job id % SENTEMB_PORT_SPAN (10000)
+    assert master_port({"SLURM_JOB_ID": "123456"}) == 20000 + 3456
+    assert master_port({"SLURM_JOB_ID": "123456", "SENTEMB_PORT_BASE": "40000", "SENTEMB_PORT_SPAN": "100"}) == 40056
+    assert master_port({"SLURM_JOB_ID": "123456", "MASTER_PORT": "29500"}) == 29500
+    step = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_JOB_NAME": "j", "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+            "SLURM_STEP_NUM_NODES": "2", "SLURM_NODELIST": "sentemb[1-2]", "MASTER_ADDR": "127.0.0.1"}
+    fits = {"trainer": {"devices": 2, "num_nodes": 2, "accelerator": "cpu"}}
+    assert layout_error(fits, step) is None
+    assert "asks for 4 device(s) per node on 2 node(s) (trainer.devices, trainer.num_nodes), but this SLURM step " \
+        "runs 2 task(s) per node on 2 node(s)" in layout_error({"trainer": {"devices": 4, "num_nodes": 2}}, step)
+    assert layout_error({"trainer": {"devices": 4, "num_nodes": 2}}, {k: v for k, v in step.items()
+                                                                      if k != "SLURM_STEP_ID"}) is None  # not srun
+    assert "asks for 2 device(s) per node on 1 node(s)" in layout_error({"trainer": {"devices": 2}}, step)
+    assert "uneven" in layout_error(fits, {**step, "SLURM_STEP_TASKS_PER_NODE": "2,1"})
+    gpus = {"trainer": {**fits["trainer"], "accelerator": "gpu"}}
+    assert "1 GPU(s) for 2 task(s)" in layout_error(gpus, {**step, "SLURM_GPUS_ON_NODE": "1"})
+    assert layout_error(gpus, {**step, "SLURM_GPUS_ON_NODE": "2"}) is None
+    unresolved = {k: v for k, v in step.items() if k != "MASTER_ADDR"} | {"SLURM_NODELIST": "nosuchnode1.invalid"}
+    assert "the rendezvous host nosuchnode1.invalid (the first node of SLURM_NODELIST) does not resolve" in \
+        layout_error(fits, unresolved)
+
+
 @pytest.fixture(scope="module")
 def two_nodes(cluster) -> str:
     nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True, timeout=60).stdout.split()
@@ -286,11 +313,13 @@ def still_model_dir(tmp_path_factory) -> str:
 
 
 def node_config(root: Path, model: str, fixtures: Path, per_device: int = 16) -> str:
-    """train_config for NODE_STEPS steps, with a longer sleep after each step (time for a signal to land)."""
+    """train_config for NODE_STEPS steps, with a longer sleep after each step (time for a signal to land) and a
+    short collective timeout."""
     config = train_config(root, model, fixtures)
     data = yaml.safe_load(Path(config).read_text())
     data["trainer"]["max_steps"] = NODE_STEPS
     data["data"]["init_args"]["per_device_batch_size"] = per_device
+    data["ddp_timeout_minutes"] = 2  # a rank stuck in a collective fails the job within minutes, not 15
     for callback in data["trainer"]["callbacks"]:
         if callback["class_path"].endswith("SlowSteps"):
             callback["init_args"]["seconds"] = 1.0
@@ -399,7 +428,10 @@ def test_sigusr1_on_two_nodes_every_rank_saves_and_the_requeued_job_ends_with_th
     # the resumed run starts after the saved step: the records of that step are the first run's, one per rank
     last = [(s["rank"], s["node"]) for s in steps_seen(tmp_path) if s["step"] == stopped]
     assert sorted(last) == [(0, "sentemb1"), (1, "sentemb2")]
-    assert "srun: error" not in log and "exited with exit code" not in log
+    # rank 0 requeued the job once the save was done (its barrier passed by every rank); the requeue then ends the
+    # step on both nodes (SLURM's "Terminated" lines), and no rank failed before it
+    assert log.index("preempted (SIGUSR1)") < log.index(f"STEP {job_id}.0 ON sentemb1 CANCELLED")
+    assert "DUE TO JOB REQUEUE" in log and "exited with exit code" not in log
     assert f"job {job_id} (restart 1): 2 node(s) x 1 task(s) on cpu" in log
     assert re.search(rf"--ckpt_path last: resuming from \S+ \(step {stopped}\)", log)
     found = final_weights(tmp_path)
@@ -416,13 +448,15 @@ def test_a_two_node_job_resumes_on_one_node_and_a_one_node_job_on_two(two_node_j
     jobs = {shrink: sbatch_train(shrink, node_config(shrink, still_model_dir, fixtures_dir), *TWO_NODES),
             grow: sbatch_train(grow, node_config(grow, still_model_dir, fixtures_dir), "--nodes=1",
                                "--ntasks-per-node=2")}
-    layouts = {shrink: ("NumNodes=1", "NumTasks=1", "TasksPerNode=1"),
-               grow: ("NumNodes=2", "NumTasks=2", "TasksPerNode=1")}
+    # in an order SLURM accepts at each call (min nodes <= max nodes <= tasks)
+    layouts = {shrink: (("NumNodes=1-1",), ("NumTasks=1", "TasksPerNode=1")),
+               grow: (("NumTasks=2", "TasksPerNode=1"), ("NumNodes=2-2",))}
     stopped = {}
     for root, job_id in jobs.items():
         stopped[root] = preempt_and_wait_pending(root, job_id, 4)
         subprocess.run(["scontrol", "hold", job_id], check=True, timeout=60)
-        subprocess.run(["scontrol", "update", f"JobId={job_id}", *layouts[root]], check=True, timeout=60)
+        for update in layouts[root]:
+            subprocess.run(["scontrol", "update", f"JobId={job_id}", *update], check=True, timeout=60)
         subprocess.run(["scontrol", "release", job_id], check=True, timeout=60)
     for root, job_id in jobs.items():
         info = wait_state(job_id, ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), timeout=420)
