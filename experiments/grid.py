@@ -421,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --launcher slurm: an sbatch option for every cell, e.g. --sbatch=--partition=gpu "
                              "--sbatch=--gpus-per-task=1 --sbatch=--time=4:00:00")
     parser.add_argument("--nodes", type=int, default=1,
-                        help="with --launcher slurm: nodes of each cell (its ranks: DDP over --nodes x --tasks_per_node)")
+                        help="with --launcher slurm: nodes of each cell (DDP over --nodes x --tasks_per_node ranks)")
     parser.add_argument("--tasks_per_node", type=int, default=1,
                         help="with --launcher slurm: ranks of each cell per node (one per device: add "
                              "--sbatch=--gpus-per-node=N on GPU nodes)")
