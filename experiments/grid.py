@@ -144,7 +144,27 @@ def train_command(args: argparse.Namespace, cell: Path, overrides: list[str], se
     return [sys.executable, str(ROOT / "train.py"), *[a for c in args.config for a in ("--config", c)],
             *[a for o in overrides for a in (f"--{o.partition('=')[0]}", o.partition("=")[2])],
             "--seed_everything", str(seed), "--trainer.default_root_dir", str(cell / "train"),
-            "--trainer.logger", logger, "--trainer.enable_progress_bar", "false", "--ckpt_path", "last"]
+            "--trainer.logger", logger, "--trainer.enable_progress_bar", "false", "--ckpt_path", "last",
+            *layout_args(args)]
+
+
+def layout_args(args: argparse.Namespace) -> list[str]:
+    """A cell of several ranks (``--nodes``, ``--tasks_per_node``): DDP with one rank per task of its array
+    task's allocation, on the GPUs when the job has some."""
+    if args.nodes * args.tasks_per_node == 1:
+        return []
+    accelerator = "gpu" if os.environ.get("SLURM_GPUS_ON_NODE") or os.environ.get("SLURM_JOB_GPUS") else "cpu"
+    return ["--trainer.accelerator", accelerator, "--trainer.devices", str(args.tasks_per_node),
+            "--trainer.num_nodes", str(args.nodes), "--trainer.strategy", "ddp"]
+
+
+def srun_prefix(args: argparse.Namespace) -> list[str]:
+    """The cell's ranks as a step of its array task's allocation (``--overlap``: the driver's own one-task step
+    holds a CPU of the first node)."""
+    if args.nodes * args.tasks_per_node == 1:
+        return []
+    return ["srun", "--overlap", f"--nodes={args.nodes}", f"--ntasks={args.nodes * args.tasks_per_node}",
+            f"--ntasks-per-node={args.tasks_per_node}"]
 
 
 def evaluate_command(args: argparse.Namespace, source: list[str], output: Path) -> list[str]:
@@ -278,7 +298,8 @@ def _run_locked(args: argparse.Namespace, cell: Path, assignment: dict[str, str]
             command = train_command(args, cell, overrides, seed)
             (cell / "command").write_text(shlex.join(command) + "\n")  # quoted: the logger's JSON holds spaces
             print(f"train {name}", flush=True)
-            code = CHILDREN.run(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+            code = CHILDREN.run([*srun_prefix(args), *command], cwd=ROOT, env=env, stdout=log,
+                                stderr=subprocess.STDOUT)
             if CHILDREN.signalled:
                 print(f"preempted {name} ({CHILDREN.signalled}): its run saved; a rerun (the requeued task) "
                       "resumes it", flush=True)
@@ -413,10 +434,14 @@ def submit(args: argparse.Namespace, argv: list[str], cells: int) -> int:
     base = without(argv, {"--launcher": True, "--wait": False, "--sbatch": True, "--jobs": True})
     script = shlex.join([sys.executable, str(Path(__file__).resolve()), *base])
     threads = str(args.threads or 1)
+    # one task per rank of a cell; the driver is a one-task step on the first node, so that a signal to the
+    # job's steps (--signal=USR1@90, scancel --signal=USR1) reaches it and its cell's ranks
+    layout = ["--ntasks=1"] if args.nodes * args.tasks_per_node == 1 else \
+        [f"--nodes={args.nodes}", f"--ntasks-per-node={args.tasks_per_node}"]
     array = ["sbatch", "--parsable", f"--job-name=grid-{args.name}", f"--array=0-{cells - 1}%{max(1, args.jobs)}",
-             "--ntasks=1", f"--cpus-per-task={threads}", "--requeue", "--open-mode=append", "--signal=USR1@90",
+             *layout, f"--cpus-per-task={threads}", "--requeue", "--open-mode=append", "--signal=USR1@90",
              f"--output={logs}/%A_%a.out", f"--chdir={ROOT}", *args.sbatch,
-             f"--wrap=srun --ntasks=1 {script} --task $SLURM_ARRAY_TASK_ID"]
+             f"--wrap=srun --nodes=1 --ntasks=1 {script} --task $SLURM_ARRAY_TASK_ID"]
     found = subprocess.run(array, capture_output=True, text=True)
     if found.returncode != 0:
         print(f"error: sbatch refused the array: {found.stderr.strip()}", file=sys.stderr)
@@ -467,6 +492,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
                         help="with --launcher slurm: an sbatch option for every cell, e.g. --sbatch=--partition=gpu "
                              "--sbatch=--gpus-per-task=1 --sbatch=--time=4:00:00")
+    parser.add_argument("--nodes", type=int, default=1,
+                        help="with --launcher slurm: nodes of each cell (DDP over --nodes x --tasks_per_node ranks)")
+    parser.add_argument("--tasks_per_node", type=int, default=1,
+                        help="with --launcher slurm: ranks of each cell per node (one per device: add "
+                             "--sbatch=--gpus-per-node=N on GPU nodes)")
     parser.add_argument("--wait", action="store_true", help="with --launcher slurm: return when the table job ends")
     parser.add_argument("--task", type=int, default=None,
                         help="run only the cell of this index (an array task of --launcher slurm)")
@@ -475,6 +505,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give --config (cells that train) or --model (one cell that evaluates a model), not both")
     if args.model and (args.vary or args.set or args.dev_only):
         parser.error("--model evaluates one model as it is: no --vary, --set or --dev_only")
+    if args.nodes < 1 or args.tasks_per_node < 1:
+        parser.error(f"--nodes {args.nodes} --tasks_per_node {args.tasks_per_node}: both must be at least 1")
+    if args.nodes * args.tasks_per_node > 1 and args.launcher != "slurm" and args.task is None \
+            and not args.table_only:
+        parser.error("--nodes and --tasks_per_node lay out a cell over a SLURM allocation: add --launcher slurm")
     for o in args.set:
         if "=" not in o:
             parser.error(f"--set {o!r}: expected KEY=VALUE")

@@ -30,6 +30,7 @@ from .config_files import check_config_files
 from .exact_resume import RandomState, ResumedEpochPosition
 from .nonfinite import NonFiniteLossError, StopOnNonFiniteLoss
 from .preemption import Preemption
+from .rendezvous import RendezvousDDP, RendezvousError
 
 
 def quiet_expected_warnings() -> None:
@@ -59,7 +60,8 @@ class SaveConfig(SaveConfigCallback):
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         if not self.already_saved and self.save_to_log_dir and not self.overwrite:
-            path = os.path.join(trainer.log_dir, self.config_filename)  # log_dir: every rank takes part
+            log_dir = trainer.log_dir  # a broadcast: every rank takes part, once (never inside is_global_zero)
+            path = os.path.join(log_dir, self.config_filename)
             verdict = None
             if trainer.is_global_zero and os.path.isfile(path):
                 with open(path) as f:
@@ -68,9 +70,9 @@ class SaveConfig(SaveConfigCallback):
                 verdict = "same" if saved == mine else "layout" if self._layout_only(saved, mine) else None
                 if verdict == "layout":
                     n = 1
-                    while os.path.exists(os.path.join(trainer.log_dir, f"config-restart{n}.yaml")):
+                    while os.path.exists(os.path.join(log_dir, f"config-restart{n}.yaml")):
                         n += 1
-                    with open(os.path.join(trainer.log_dir, f"config-restart{n}.yaml"), "w") as f:
+                    with open(os.path.join(log_dir, f"config-restart{n}.yaml"), "w") as f:
                         yaml.safe_dump(mine, f, sort_keys=False)
             if trainer.strategy.broadcast(verdict) is not None:
                 self.already_saved = True
@@ -152,6 +154,9 @@ configs from any directory (`sentemb-configs` lists them). A key that does not e
         parser.add_argument("--ddp_timeout_minutes", type=float, default=15.0,
                             help="DDP: how long a rank waits in a collective before the job fails, which bounds "
                                  "the hang when another rank dies (raise it if prepare_data downloads take longer)")
+        parser.add_argument("--rendezvous_timeout_minutes", type=float, default=5.0,
+                            help="DDP: how long the ranks may take to meet at start-up (MASTER_ADDR:MASTER_PORT) "
+                                 "before the job ends with one line, instead of waiting --ddp_timeout_minutes")
         parser.add_argument("--keep_freed_memory", type=bool, default=True,
                             help="glibc: keep freed memory in the process instead of unmapping it and faulting it "
                                  "back in every step (harness/allocator.py); false keeps malloc's defaults")
@@ -192,7 +197,12 @@ configs from any directory (`sentemb-configs` lists them). A key that does not e
             entry = StrategyRegistry[strategy]
             if issubclass(entry["strategy"], DDPStrategy):
                 timeout = timedelta(minutes=self.config_init.get("ddp_timeout_minutes"))
-                kwargs["strategy"] = entry["strategy"](**entry["init_params"], timeout=timeout)
+                if entry["strategy"] is DDPStrategy:
+                    rendezvous = timedelta(minutes=self.config_init.get("rendezvous_timeout_minutes"))
+                    kwargs["strategy"] = RendezvousDDP(**entry["init_params"], timeout=timeout,
+                                                       rendezvous_timeout=rendezvous)
+                else:
+                    kwargs["strategy"] = entry["strategy"](**entry["init_params"], timeout=timeout)
         return super().instantiate_trainer(**kwargs)
 
 
@@ -257,7 +267,7 @@ def resolve_resume(ckpt_path: str | None, trainer, model) -> str | None:
 
 # -- errors ------------------------------------------------------------------------------------------
 USER_ERRORS = (DataError, ModelResolutionError, ValueError, FileNotFoundError, FileExistsError, PermissionError)
-RUN_ERRORS = (NonFiniteLossError, CheckpointWriteError)  # the run started and stopped for a reason
+RUN_ERRORS = (NonFiniteLossError, CheckpointWriteError, RendezvousError)  # the run started and stopped for a reason
 
 
 def _raised_in_jsonargparse(err: BaseException) -> bool:

@@ -291,10 +291,30 @@ def evaluate() -> None:
     main()
 
 
+def slurm_error(args: Sequence[str]) -> str | None:
+    """Under srun: the Trainer's layout against the step's (``harness.slurm_layout``); the rendezvous port set."""
+    from .slurm_layout import layout_error, set_master_port, under_srun
+
+    if not under_srun(os.environ):
+        return None
+    try:
+        config = _merged_config(args)
+    except Exception:  # unreadable: the full command line will say why
+        return None
+    set_master_port(os.environ)
+    return layout_error(config, os.environ)
+
+
 def train() -> None:
-    """``sentemb-train`` and ``python train.py``: the short help, the hub check, then the full command line."""
+    """``sentemb-train`` and ``python train.py``: the short help, the hub check, under srun the layout check,
+    then the full command line."""
     sys.argv[1:] = short_help(sys.argv[1:], TRAIN_HELP)
     _checked(hub_error)
+    message = None if os.environ.get("SENTEMB_DEBUG") else slurm_error(sys.argv[1:])
+    if message is not None:  # every rank stops; one says why
+        if os.environ.get("SLURM_PROCID", "0") == "0":
+            print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
     from .train_cli import main
 
     main()

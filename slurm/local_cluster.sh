@@ -1,23 +1,31 @@
 #!/usr/bin/env bash
-# A real single-node SLURM cluster on this machine, for the tests and for trying the sbatch scripts:
+# A real SLURM cluster of one or several nodes on this machine, for the tests and for trying the sbatch scripts:
 #
-#   bash slurm/local_cluster.sh up       # install what is missing, write the config, start, wait until idle
+#   bash slurm/local_cluster.sh up [--nodes N]   # install what is missing, write the config, start, wait until
+#                                                # all N nodes are idle (default 2)
 #   export SLURM_CONF=/tmp/sentemb-slurm/slurm.conf   # (printed by `up`) then sbatch, srun, squeue as usual
 #   bash slurm/local_cluster.sh status
 #   bash slurm/local_cluster.sh down     # stop what `up` started, by the PIDs it recorded
 #
 # Needs root (the daemons run as root, munged as its own user) and Debian's packages slurmctld, slurmd,
-# slurm-client and munge, which `up` installs with apt-get when they are missing. The node is this machine:
-# its CPUs and 90 % of its memory; one partition, `cpu`. Process tracking by /proc (proctrack/linuxproc) and no
-# task plugin (task/none), which need no cgroups. The credential lifetime is 10 s (AuthInfo=cred_expire=10): a
-# requeued job may start again only once the credential of its previous run expired, 120 s by default, so a
-# requeued test job waits seconds, not two minutes (docs/CLUSTER.md).
+# slurm-client and munge, which `up` installs with apt-get when they are missing. Each node is a `slurmd -N
+# sentembK` of this machine (Debian's slurmd is built with multiple-slurmd support), with its own port (6818, 6819,
+# ...), spool folder, log and PID file; each node offers all of this machine's CPUs (N nodes oversubscribe them
+# N times) and 90 % of its memory divided by N; one partition, `cpu`. The node names must resolve, as a real
+# cluster's do (Lightning takes the rendezvous host from SLURM_NODELIST): `up` adds `127.0.0.1 sentemb1 ...` to
+# /etc/hosts when a name does not resolve, and `down` takes that line out again. Process tracking by /proc
+# (proctrack/linuxproc) and no task plugin (task/none), which need no cgroups. The credential lifetime is 10 s
+# (AuthInfo=cred_expire=10): a requeued job may start again only once the credential of its previous run expired,
+# 120 s by default, so a requeued test job waits seconds, not two minutes (docs/CLUSTER.md).
 #
 # SENTEMB_SLURM_DIR (default /tmp/sentemb-slurm) holds the config, state, logs and PID files.
 set -euo pipefail
 DIR=${SENTEMB_SLURM_DIR:-/tmp/sentemb-slurm}
 CONF=$DIR/slurm.conf
 PACKAGES=(slurmctld slurmd slurm-client munge)
+PREFIX=sentemb                  # node names: sentemb1, sentemb2, ...
+SLURMD_PORT=6818                # node K listens on SLURMD_PORT + K - 1
+HOSTS_MARK="# slurm/local_cluster.sh"
 
 say() { echo "local_cluster: $*" >&2; }
 
@@ -33,14 +41,17 @@ install_packages() {
     }
 }
 
+node_names() { local k; for k in $(seq "$1"); do echo "$PREFIX$k"; done; }
+
 write_config() {
-    local host cpus memory
+    local nodes=$1 host cpus memory k
     host=$(hostname -s)
     cpus=$(nproc)
-    memory=$(awk '/MemTotal/ {printf "%d", $2 / 1024 * 0.9}' /proc/meminfo)
-    mkdir -p "$DIR/state" "$DIR/spool" "$DIR/log"
-    cat > "$CONF" <<EOF
-# written by slurm/local_cluster.sh: one node, this machine
+    memory=$(awk -v n="$nodes" '/MemTotal/ {printf "%d", $2 / 1024 * 0.9 / n}' /proc/meminfo)
+    mkdir -p "$DIR/state" "$DIR/log"
+    for k in $(seq "$nodes"); do mkdir -p "$DIR/spool/$PREFIX$k"; done
+    cat > "$CONF" <<CONF
+# written by slurm/local_cluster.sh: $nodes node(s), each a slurmd of this machine ($host)
 ClusterName=sentemb
 SlurmctldHost=$host
 SlurmUser=root
@@ -61,19 +72,43 @@ KillWait=10
 MinJobAge=3600
 MailProg=/bin/true
 StateSaveLocation=$DIR/state
-SlurmdSpoolDir=$DIR/spool
 SlurmctldPidFile=$DIR/slurmctld.pid
-SlurmdPidFile=$DIR/slurmd.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
-SlurmdLogFile=$DIR/log/slurmd.log
 SlurmctldPort=6817
-SlurmdPort=6818
-NodeName=$host CPUs=$cpus RealMemory=$memory State=UNKNOWN
-PartitionName=cpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP
-EOF
+# %n: the node's name, so that each slurmd of this machine has its own spool, log and PID file
+SlurmdSpoolDir=$DIR/spool/%n
+SlurmdPidFile=$DIR/slurmd-%n.pid
+SlurmdLogFile=$DIR/log/slurmd-%n.log
+CONF
+    for k in $(seq "$nodes"); do
+        echo "NodeName=$PREFIX$k NodeHostname=$host Port=$((SLURMD_PORT + k - 1)) CPUs=$cpus RealMemory=$memory State=UNKNOWN"
+    done >> "$CONF"
+    echo "PartitionName=cpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP" >> "$CONF"
 }
 
-alive() { [ -f "$1" ] && kill -0 "$(cat "$1" 2>/dev/null)" 2>/dev/null; }
+# Node names that do not resolve go to 127.0.0.1 in /etc/hosts, on one marked line that `down` removes.
+resolve_names() {
+    local missing=() name
+    for name in "$@"; do getent hosts "$name" >/dev/null || missing+=("$name"); done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    say "adding 127.0.0.1 ${missing[*]} to /etc/hosts"
+    echo "127.0.0.1 ${missing[*]} $HOSTS_MARK" >> /etc/hosts
+}
+
+unresolve_names() {
+    grep -qF "$HOSTS_MARK" /etc/hosts 2>/dev/null || return 0
+    local kept
+    kept=$(grep -vF "$HOSTS_MARK" /etc/hosts)
+    printf '%s\n' "$kept" > /etc/hosts  # in place: /etc/hosts may be a mount that cannot be replaced
+}
+
+# A PID file's process is alive and is one of the daemons (a stale file's PID may belong to another process now).
+alive() {
+    local pid
+    pid=$(cat "$1" 2>/dev/null) || return 1
+    [[ "$pid" =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null \
+        && grep -qxE 'slurmd|slurmctld|munged' "/proc/$pid/comm" 2>/dev/null
+}
 
 start_munge() {
     if munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then
@@ -87,51 +122,87 @@ start_munge() {
     say "munged did not start"; return 1
 }
 
+running_nodes() { [ -f "$DIR/nodes" ] && cat "$DIR/nodes" || echo 0; }
+
+all_alive() {
+    local n=$1 name
+    alive "$DIR/slurmctld.pid" || return 1
+    for name in $(node_names "$n"); do alive "$DIR/slurmd-$name.pid" || return 1; done
+}
+
 up() {
+    local nodes=2 name
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --nodes) nodes=${2:-}; shift 2 || true ;;
+            --nodes=*) nodes=${1#--nodes=}; shift ;;
+            *) say "error: unknown option $1 (usage: up [--nodes N])"; return 2 ;;
+        esac
+    done
+    [[ "$nodes" =~ ^[1-9][0-9]*$ ]] || { say "error: --nodes ${nodes:-(none)}: expected a whole number >= 1"; return 2; }
     [ "$(id -u)" -eq 0 ] || { say "needs root (the daemons run as root)"; return 77; }
     install_packages
     mkdir -p "$DIR"
-    if alive "$DIR/slurmctld.pid" && alive "$DIR/slurmd.pid"; then
+    if all_alive "$(running_nodes)" && [ "$(running_nodes)" -gt 0 ]; then
+        if [ "$(running_nodes)" -ne "$nodes" ]; then
+            say "error: already up with $(running_nodes) node(s), not $nodes; run down first"; return 1
+        fi
         say "already up"
         echo "export SLURM_CONF=$CONF"
         return 0
-    else
-        write_config
-        start_munge
-        alive "$DIR/slurmctld.pid" || slurmctld -f "$CONF"
-        alive "$DIR/slurmd.pid" || slurmd -f "$CONF"
     fi
-    local start=$SECONDS
-    until SLURM_CONF=$CONF sinfo -h -o %t 2>/dev/null | grep -qE '^(idle|mix|alloc)'; do
+    down_quietly
+    local start=$SECONDS start_ms
+    start_ms=$(( $(date +%s%N) / 1000000 ))
+    write_config "$nodes"
+    # shellcheck disable=SC2046
+    resolve_names $(node_names "$nodes")
+    start_munge
+    echo "$nodes" > "$DIR/nodes"
+    slurmctld -f "$CONF"
+    for name in $(node_names "$nodes"); do slurmd -f "$CONF" -N "$name"; done
+    local idle=0
+    until [ "$idle" -eq "$nodes" ]; do
+        idle=$(SLURM_CONF=$CONF sinfo -h -N -o "%N %t" 2>/dev/null | grep -cE ' (idle|mix|alloc)$' || true)
         if (( SECONDS - start > 60 )); then
-            say "the node did not become idle in 60 s; see $DIR/log"; SLURM_CONF=$CONF sinfo >&2 || true
+            say "only $idle of $nodes node(s) idle after 60 s; see $DIR/log"; SLURM_CONF=$CONF sinfo -N >&2 || true
             return 1
         fi
-        sleep 0.5
+        [ "$idle" -eq "$nodes" ] || sleep 0.2
     done
-    say "up in $((SECONDS - start)) s after the daemons started; export SLURM_CONF=$CONF"
+    local ms=$(( $(date +%s%N) / 1000000 - start_ms ))
+    say "$nodes node(s) idle $((ms / 1000)).$(printf %03d $((ms % 1000))) s after the start of the daemons; export SLURM_CONF=$CONF"
     echo "export SLURM_CONF=$CONF"
 }
 
-down() {
-    for pidfile in "$DIR/slurmd.pid" "$DIR/slurmctld.pid" "$DIR/munge/munged.pid"; do
+# What an earlier `up` left behind (a crash, a reboot's stale PID files) is stopped before a new start.
+down_quietly() {
+    local pidfile
+    for pidfile in "$DIR"/slurmd-*.pid "$DIR/slurmd.pid" "$DIR/slurmctld.pid" "$DIR/munge/munged.pid"; do
+        [ -e "$pidfile" ] || continue
         if alive "$pidfile"; then
             kill "$(cat "$pidfile")" 2>/dev/null || true
             for _ in $(seq 50); do alive "$pidfile" || break; sleep 0.1; done
         fi
         rm -f "$pidfile"
     done
+    rm -f "$DIR/nodes"
+}
+
+down() {
+    down_quietly
+    unresolve_names
     say "down"
 }
 
 status() {
-    alive "$DIR/slurmctld.pid" && alive "$DIR/slurmd.pid" || { say "not running"; return 1; }
-    SLURM_CONF=$CONF sinfo
+    all_alive "$(running_nodes)" && [ "$(running_nodes)" -gt 0 ] || { say "not running"; return 1; }
+    SLURM_CONF=$CONF sinfo -N
 }
 
 case "${1:-}" in
-    up) up ;;
+    up) shift; up "$@" ;;
     down) down ;;
     status) status ;;
-    *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+    *) echo "usage: $0 up [--nodes N]|down|status" >&2; exit 2 ;;
 esac

@@ -100,6 +100,7 @@ class RecordExamples(Callback):
                            batch_idx: int) -> None:
         line = {"pid": os.getpid(), "time": time.time(), "step": trainer.global_step, "epoch": trainer.current_epoch,
                 "rank": trainer.global_rank, "world": trainer.world_size, "rows": row_fingerprints(batch),
+                "node": os.environ.get("SLURMD_NODENAME"),  # the SLURM node (tests/test_slurm.py), else None
                 "lr": trainer.optimizers[0].param_groups[0]["lr"]}  # the rate the next step will use
         with open(self.path, "a") as f:
             f.write(json.dumps(line) + "\n")
