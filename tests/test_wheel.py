@@ -48,11 +48,12 @@ def test_wheel_holds_every_imported_package_and_no_foreign_top_level_module(whee
                     imported.add(node.module.split(".")[0])
                 elif isinstance(node, ast.Import):
                     imported.update(a.name.split(".")[0] for a in node.names)
-    project_dirs = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()} | {"train", "evaluate"}
+    project_dirs = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()} | {"train", "evaluate", "mine"}
     assert imported & (project_dirs - {"configs"}) <= OWN_PACKAGES  # never train, evaluate, tests, ...
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "sentemb-train = harness.launch:train" in text and "sentemb-evaluate = harness.launch:evaluate" in text
+    assert "sentemb-mine = harness.mine_cli:main" in text
 
 
 @pytest.mark.slow
