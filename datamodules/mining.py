@@ -306,6 +306,7 @@ def mine_hard_negatives(
     row_anchor = torch.tensor([anchor_id[a] for a in anchors_all])  # (R,)
     row_positive = torch.tensor([corpus_id[p] for p in positives_all])  # (R,)
     tmp = output + ".partial"
+    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     with open(tmp, "w", encoding="utf-8", newline="\n") as out:
         out.write("\t".join(["anchor", "positive", *(f"negative_{i}" for i in range(1, num_negatives + 1))]) + "\n")
         for start in range(0, len(anchors_all), chunk_size):
