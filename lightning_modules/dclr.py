@@ -81,6 +81,11 @@ class DCLR(SentenceEmbeddingModule):
                                                                          of its trained head over [CLS]
     ============================  =====================================  ===========================================
 
+    ``matryoshka_dims`` (base class) sums the loss over truncated embeddings (Kusupati et al. 2022): the in-batch
+    cosines, the noise (drawn at each truncation's width) and, for ``complementary_model: self``, the weighting use
+    the truncation; the complementary model's views and the distillation teacher are computed once per batch, and
+    the paper form compares the noise with the first d dimensions of the complementary anchor.
+
     The complementary model's trained head (``complementary_head``): SimCSE's MLP (``encoder.mlp``) for
     a ``*.ckpt`` of this codebase, the transformer's ``pooler_output`` for a hub SimCSE checkpoint (its
     conversion script stores the trained MLP as ``pooler``). The official overlay

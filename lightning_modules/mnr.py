@@ -37,9 +37,9 @@ class MNR(InBatchRanking):
 
         model = MNR(SentenceEncoder("sentence-transformers/all-MiniLM-L6-v2"), matryoshka_dims=[384, 64])
         enc = model.encoder.tokenize
-        loss, logs = model.training_loss({"anchor": enc(["A man plays a guitar."]),
-                                          "positive": enc(["Someone plays an instrument."]),
-                                          "negative_1": enc(["A man plays a piano."])})
+        loss, logs = model.training_loss({"anchor": enc(["A man plays a guitar.", "A dog runs."]),
+                                          "positive": enc(["Someone plays an instrument.", "An animal runs."]),
+                                          "negative_1": enc(["A man plays a piano.", "A dog sleeps."])})
 
     Related: ``SimCSE`` (supervised: the same loss at temperature 0.05 on NLI triplets), ``DCLR``.
 
