@@ -70,6 +70,16 @@ def mine(
     print(f"mined rows written to {output}")
 
 
+EXAMPLES = """\
+examples:
+  {prog} --inputs pairs.tsv --model sentence-transformers/all-MiniLM-L6-v2 --output mined.tsv \\
+      --num_negatives 3 --range_max 30 --relative_margin 0.05
+  # the entailment pairs of NLI files; docs/TRAINING.md ("Mined hard negatives") has every option
+  {prog} --inputs "[$SENTEMB_DATA/nli/snli.test.tsv,$SENTEMB_DATA/nli/mnli.dev_matched.tsv]" \\
+      --model RUN.ckpt --output runs/mined/nli.tsv --num_negatives 3 --relative_margin 0.05
+"""
+
+
 def main(args: list[str] | None = None) -> None:
     """``python mine.py ...`` / ``sentemb-mine ...``: options as ``mine``'s arguments; an unknown or
     abbreviated option is one error line, as in train.py."""
@@ -81,9 +91,9 @@ def _run_cli(args: list[str] | None) -> None:
     from jsonargparse import ActionConfigFile, ArgumentParser
 
     prog = os.path.basename(sys.argv[0]) or "mine.py"
+    summary = " ".join((mine.__doc__ or "").split("\n\n")[0].split())
     parser = ArgumentParser(prog=prog, exit_on_error=False, allow_abbrev=False,
-                            description=(mine.__doc__ or "").split("\n\n")[0] + "\n\n" + (__doc__ or ""),
-                            formatter_class=help_formatter())
+                            description=summary + "\n\n" + EXAMPLES.format(prog=prog), formatter_class=help_formatter())
     parser.add_argument("--config", action=ActionConfigFile, help="options from a YAML file")
     parser.add_function_arguments(mine, as_positional=False)
     argv = sys.argv[1:] if args is None else list(args)

@@ -215,3 +215,11 @@ def test_mined_file_trains_mnr_with_three_negatives(tmp_path, tiny_model_dir, fi
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     assert cli.trainer.global_step == 4 and torch.isfinite(cli.trainer.callback_metrics["train/loss"])
     assert seen and all(k == ("anchor", "positive", "negative_1", "negative_2", "negative_3") for k in seen)
+
+
+def test_help_and_an_unknown_option(tiny_model_dir, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        mine.main(["--help"])
+    assert exit_info.value.code == 0 and "--relative_margin" in capsys.readouterr().out
+    lines = mine_errors(["--inputs", "x.tsv", "--modle", tiny_model_dir, "--output", "o.tsv"], capsys)
+    assert lines[0].startswith("error: unknown option --modle")

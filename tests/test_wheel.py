@@ -77,7 +77,7 @@ def test_installed_entry_points_run_outside_the_clone(wheel, tmp_path, tiny_mode
                            cwd=elsewhere, env=env, capture_output=True, text=True, check=True).stdout
     assert str(env_dir) in where, f"harness imported from {where}, not from the installed wheel"
 
-    for script in ("sentemb-train", "sentemb-evaluate", "sentemb-stage"):
+    for script in ("sentemb-train", "sentemb-evaluate", "sentemb-stage", "sentemb-mine"):
         result = run(script, "--help")
         assert result.returncode == 0 and f"usage: {script}" in result.stdout, result.stderr[-2000:]
     shipped = run("sentemb-configs")
