@@ -223,3 +223,28 @@ def test_help_and_an_unknown_option(tiny_model_dir, capsys):
     assert exit_info.value.code == 0 and "--relative_margin" in capsys.readouterr().out
     lines = mine_errors(["--inputs", "x.tsv", "--modle", tiny_model_dir, "--output", "o.tsv"], capsys)
     assert lines[0].startswith("error: unknown option --modle")
+
+
+def test_supervised_simcse_and_mnr_rank_every_negative_column(tiny_model_dir):
+    import torch.nn.functional as F
+
+    from lightning_modules import MNR, SimCSE
+
+    encoder = SentenceEncoder(tiny_model_dir, max_seq_length=32).eval()
+    texts = ["a cat sleeps", "dogs run", "it rains", "a bird sings", "kids play", "the sun sets", "a car stops",
+             "we eat rice", "he reads", "she swims", "they dance", "trees grow", "a boat sails", "snow falls",
+             "bells ring", "fish swim"]
+    batch = {"anchor": encoder.tokenize(texts[0:4]), "positive": encoder.tokenize(texts[4:8])}
+    batch.update({f"negative_{i}": encoder.tokenize(texts[4 + 4 * i:8 + 4 * i]) for i in (1, 2)})
+    assert SimCSE.accepts_batch_keys(list(batch)) and not SimCSE.accepts_batch_keys(["anchor", "positive"])
+    with torch.no_grad():
+        a, p, n1, n2 = (F.normalize(encoder(batch[k]), dim=-1) for k in ("anchor", "positive", "negative_1",
+                                                                         "negative_2"))
+    keys = torch.cat([p, n1, n2])  # (3B, H): every negative column is a candidate of every anchor
+    for model, scale in ((SimCSE(encoder, temperature=0.05), 20.0), (MNR(encoder, scale=10.0), 10.0)):
+        loss, logs = model.eval().training_loss(batch)
+        by_hand = F.cross_entropy(scale * a @ keys.T, torch.arange(4))
+        torch.testing.assert_close(loss.detach(), by_hand, rtol=1e-5, atol=1e-6)
+    # the second negative column counts: with the first alone the loss differs
+    one = {k: v for k, v in batch.items() if k != "negative_2"}
+    assert not torch.allclose(MNR(encoder, scale=10.0).eval().training_loss(one)[0].detach(), by_hand)
