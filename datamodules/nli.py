@@ -48,39 +48,57 @@ class NLIDataModule(SentenceDataModule):
     Batch keys by ``view``:
       - ``labelled``: ``sentence1``, ``sentence2`` (tokenized), ``label`` (0 entailment, 1 neutral, 2 contradiction)
       - ``pairs``: ``anchor``, ``positive`` (entailment pairs)
-      - ``triplets``: ``anchor``, ``positive``, ``negative`` (entailment and contradiction of one premise)
+      - ``triplets``: ``anchor``, ``positive``, ``negative`` (entailment and contradiction of one premise);
+        with ``num_negatives`` n > 1, ``anchor``, ``positive``, ``negative_1`` ... ``negative_n`` from a
+        file mined by ``mine.py`` (``datamodules.mining``)
 
     Args:
         train_sources: local files (premise, hypothesis, label TSV/JSONL) or hub splits such as
             ``snli:train`` and ``multi_nli:train``, concatenated. A file that already has
-            ``anchor, positive[, negative]`` columns (any pair or triplet file) is used as is.
+            ``anchor, positive[, negative]`` columns (any pair or triplet file) is used as is, and so is a
+            mined file's ``anchor, positive, negative_1 ... negative_n`` (its first ``num_negatives``
+            negatives are read; with one, ``negative_1`` is the ``negative`` key).
         view: which of the three views above.
+        num_negatives: hard negatives per row in the ``triplets`` view; more than one needs mined files.
     """
 
     def __init__(
         self,
         train_sources: list[str],
         view: Literal["labelled", "pairs", "triplets"] = "labelled",
+        num_negatives: int = 1,
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
         if not train_sources:
             raise ValueError("data.train_sources: at least one source is needed")
+        if num_negatives < 1:
+            raise ValueError(f"data.init_args.num_negatives must be at least 1, got {num_negatives}")
+        if num_negatives > 1 and view != "triplets":
+            raise ValueError(f"data.init_args.num_negatives={num_negatives} needs view: triplets (got {view!r})")
         self.train_sources = list(train_sources)
         self.view = view
+        self.num_negatives = num_negatives
+        negatives = ("negative",) if num_negatives == 1 else tuple(f"negative_{i}" for i in range(1, num_negatives + 1))
         self.text_columns = {"labelled": ("sentence1", "sentence2"), "pairs": ("anchor", "positive"),
-                             "triplets": ("anchor", "positive", "negative")}[view]
+                             "triplets": ("anchor", "positive", *negatives)}[view]
         self.label_columns = ("label",) if view == "labelled" else ()
 
     def _load_one(self, source: str) -> datasets.Dataset:
         ds = load_source(source)
-        if "anchor" in ds.column_names:  # a ready-made pair/triplet file
+        if "anchor" in ds.column_names:  # a ready-made pair/triplet file, or a mined one
             need = list(self.text_columns)
             if self.view == "labelled":
                 raise DataError(f"{source}: has anchor/positive columns, but view 'labelled' needs premise, hypothesis, label")
+            if need[-1] == "negative" and "negative" not in ds.column_names and "negative_1" in ds.column_names:
+                ds = ds.rename_column("negative_1", "negative")  # a mined file read with one negative
             require_columns(ds, need, source)
             check_text_columns(ds, need, source)
             return ds.select_columns(need)
+        if self.num_negatives > 1:
+            raise DataError(f"{source}: an NLI file gives one contradiction per row; data.init_args.num_negatives="
+                            f"{self.num_negatives} needs a file with columns anchor, positive, negative_1 ... "
+                            f"negative_{self.num_negatives} (python mine.py writes one)")
         ds = load_nli(source)
         if self.view == "labelled":
             return ds.rename_columns({"premise": "sentence1", "hypothesis": "sentence2"})

@@ -138,6 +138,9 @@ class SentenceEncoder(nn.Module):
             nn.init.zeros_(self.mlp[0].bias)
         self.projection = nn.Linear(hidden, projection_dim) if projection_dim is not None else None
         self.freeze_transformer = freeze_transformer
+        # encode() keeps the first truncate_dim dimensions (a Matryoshka export records it; training never
+        # truncates here): as SentenceTransformer(dir, truncate_dim=D) does, before any normalisation.
+        self.truncate_dim: int | None = None
         if freeze_transformer:
             self.transformer.requires_grad_(False)
             self.transformer.eval()
@@ -274,7 +277,8 @@ class SentenceEncoder(nn.Module):
         precision: Literal["32", "bf16", "16"] = "32",
         device: str | torch.device | None = None,
     ) -> Tensor:
-        """Embed sentences in eval mode and return (N, H) float32 embeddings in input order.
+        """Embed sentences in eval mode and return (N, H) float32 embeddings in input order (N, truncate_dim)
+        when ``truncate_dim`` is set; ``normalize`` then normalises the truncation).
 
         Sentences are tokenized once, up to ``encode_chunk`` at a time, and batched in order of
         token count, so each batch pads little (sorting by characters, as sentence-transformers
@@ -303,10 +307,12 @@ class SentenceEncoder(nn.Module):
         finally:
             self.train(was_training)
         if not chunks:
-            return torch.empty(0, self.dim)
+            return torch.empty(0, self.truncate_dim or self.dim)
         emb = torch.cat(chunks)  # (N, H) in length order
         out = torch.empty_like(emb)
         out[torch.tensor(order, device=emb.device)] = emb
+        if self.truncate_dim is not None:
+            out = out[:, :self.truncate_dim]  # (N, D)
         return torch.nn.functional.normalize(out, dim=-1) if normalize else out
 
     @classmethod

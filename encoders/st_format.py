@@ -64,18 +64,25 @@ def uses_head_at_eval(encoder: SentenceEncoder) -> bool:
     return encoder.mlp is not None and encoder.pooling == "cls" and not encoder.mlp_only_train
 
 
-def write_sentence_transformers_dir(encoder: SentenceEncoder, path: str, card: str = "") -> Path:
+def write_sentence_transformers_dir(encoder: SentenceEncoder, path: str, card: str = "",
+                                    truncate_dim: int | None = None) -> Path:
     """Write ``encoder`` as a sentence-transformers directory at ``path`` (new or empty) and return it.
 
     ``card`` is the directory's README.md (``harness.export.model_card`` writes one for a run).
+    ``truncate_dim`` (a Matryoshka model used at D dimensions) is recorded as ``truncate_dim`` in
+    ``config_sentence_transformers.json``: this project's loader truncates to it, and
+    ``SentenceTransformer(path, truncate_dim=D)`` gives the same vectors (sentence-transformers takes the
+    dimension as an argument and leaves the key alone; the model card says so).
     """
     check_exportable(encoder)
     check_export_dir(path)
+    check_truncate_dim(encoder, truncate_dim)
+    truncate_dim = truncate_dim or encoder.truncate_dim  # re-exporting a truncated export keeps its dimension
     target = Path(path).absolute()
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.export-", dir=target.parent))
     try:
-        _write_modules(encoder, staging)
+        _write_modules(encoder, staging, truncate_dim)
         (staging / "README.md").write_text(card, encoding="utf-8")
         check_export_dir(path)  # nothing appeared meanwhile
         if target.is_dir():
@@ -91,7 +98,14 @@ def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2) + "\n", encoding="utf-8")
 
 
-def _write_modules(encoder: SentenceEncoder, out: Path) -> None:
+def check_truncate_dim(encoder: Any, dim: int | None) -> None:
+    """A truncation keeps between 1 and all of the encoder's dimensions (fewer, when it is already truncated)."""
+    width = getattr(encoder, "truncate_dim", None) or encoder.dim
+    if dim is not None and not 1 <= dim <= width:
+        raise ValueError(f"--truncate_dim {dim}: the embeddings have {width} dimensions; choose 1 to {width}")
+
+
+def _write_modules(encoder: SentenceEncoder, out: Path, truncate_dim: int | None = None) -> None:
     transformer = encoder.transformer
     was_training = transformer.training
     transformer.eval()
@@ -137,6 +151,7 @@ def _write_modules(encoder: SentenceEncoder, out: Path) -> None:
         "model_type": "SentenceTransformer",
         "__version__": {"transformers": transformers.__version__, "pytorch": torch.__version__},
         "prompts": {}, "default_prompt_name": None, "similarity_fn_name": "cosine",
+        **({"truncate_dim": truncate_dim} if truncate_dim is not None else {}),
     })
 
 
@@ -192,6 +207,13 @@ def load_sentence_transformers_dir(path: str, pooling: str | None = None) -> Sen
     # The directory's pipeline ends in unit vectors: what SentenceTransformer.encode hands a classifier
     # (evaluate.py --normalize auto follows it for the transfer tasks).
     encoder.pipeline_normalizes = normalizes
+    st_config = root / "config_sentence_transformers.json"
+    recorded = json.loads(st_config.read_text()).get("truncate_dim") if st_config.is_file() else None
+    if recorded is not None:  # exported at a Matryoshka dimension
+        if not isinstance(recorded, int) or not 1 <= recorded <= encoder.dim:
+            raise ValueError(f"{st_config}: truncate_dim {recorded!r} is not a dimension of the "
+                             f"{encoder.dim}-dimensional embeddings (1 to {encoder.dim})")
+        encoder.truncate_dim = recorded
     return encoder.eval()
 
 

@@ -3,6 +3,7 @@
     python evaluate.py --ckpt_path RUN.ckpt --sts_dir DIR [--tasks [sts12,stsb]] [--output results.json]
     python evaluate.py --model sentence-transformers/all-MiniLM-L6-v2 --sts_dir DIR
     python evaluate.py --ckpt_path RUN.ckpt --export DIR [--sts_dir DIR]   # a sentence-transformers directory
+    python evaluate.py --ckpt_path RUN.ckpt --sts_dir DIR --truncate_dim [384,256,128,64]   # Matryoshka dimensions
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import encoders
 from datamodules import STS_TASKS
 from datamodules.sts import default_sts_dir
 from encoders.sentence import Pooling, SentenceEncoder
-from encoders.st_format import check_export_dir, check_exportable
+from encoders.st_format import check_export_dir, check_exportable, check_truncate_dim
 from .arguments import CommandLineError, explain, help_formatter
 from .cli import exit_on_user_error
 from .config_files import check_config_files
@@ -68,6 +69,7 @@ def evaluate(
     export: Optional[str] = None,
     transfer_dir: Optional[str] = None,
     normalize: Literal["auto", "yes", "no"] = "auto",
+    truncate_dim: Union[int, list[int], None] = None,
 ) -> dict:
     """Evaluate sentence embeddings on the STS tasks (Spearman x 100 of cosine similarity) and
     SentEval's transfer tasks (test accuracy x 100 of SentEval's logistic regression).
@@ -92,8 +94,17 @@ def evaluate(
         normalize: unit-length embeddings: ``auto`` as the model's own pipeline gives them (a
             sentence-transformers folder ending in Normalize, as ``SentenceTransformer.encode`` does), or
             ``yes``/``no``. STS takes cosines, which do not change; the transfer tasks' classifiers see the vectors.
+        truncate_dim: score the first D dimensions of each embedding (a Matryoshka model), or each of a list
+            ``[384,256,128,64]`` (the sentences are encoded once); normalisation applies to the truncation. With a
+            list the results hold one entry per dimension (``by_dim``). With --export (one D) the directory
+            records D, so that ``SentenceTransformer(dir, truncate_dim=D)`` and this project's loader agree.
     """
     tasks = parse_tasks(tasks)
+    dims = [truncate_dim] if isinstance(truncate_dim, int) else list(truncate_dim or [])
+    if any(d < 1 for d in dims) or len(set(dims)) != len(dims):
+        raise ValueError(f"--truncate_dim {truncate_dim}: give positive dimensions, each once")
+    if export is not None and len(dims) > 1:
+        raise ValueError(f"--export records one dimension; give --truncate_dim D (one of {dims}) with --export")
     export_only = export is not None and sts_dir is None and transfer_dir is None
     if export is not None:
         check_export_dir(export)  # before any work
@@ -110,36 +121,88 @@ def evaluate(
         for task in transfer:
             task_paths(downstream, task)
     encoder, name = load_encoder(ckpt_path, model, pooling)
+    for d in dims:
+        check_truncate_dim(encoder, d)  # before minutes of evaluation
     if export is not None:
-        check_exportable(encoder)  # before minutes of evaluation
+        check_exportable(encoder)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     encoder.to(device)
     if export_only:
-        export_run(encoder, export, ckpt_path, source=name)
+        export_run(encoder, export, ckpt_path, source=name, truncate_dim=dims[0] if dims else None)
         return {}
     unit = normalize == "yes" or normalize == "auto" and bool(getattr(encoder, "pipeline_normalizes", False))
-    encode = lambda s: encoder.encode(s, batch_size=batch_size, precision=precision, normalize=unit)  # noqa: E731
-    results: dict = {"sts_dir": os.path.abspath(sts_dir)} if sts_dir is not None else {}
+    common: dict = {"sts_dir": os.path.abspath(sts_dir)} if sts_dir is not None else {}
     if transfer and transfer_dir is not None:
-        results["transfer_dir"] = os.path.abspath(transfer_dir)
-    if sts:
-        results.update(evaluate_sts(encode, sts_dir, sts, progress=sys.stderr))
-        print(format_table({name: results}, sts))
-    if transfer:
-        found = evaluate_transfer(encode, transfer_dir or sts_dir, transfer,
-                                  progress=sys.stderr)
-        print(format_transfer_table({name: found}, transfer))
-        if "avg" in found:  # beside the STS average, under its own name
-            found["transfer_avg"] = found.pop("avg")
-        results.update(found)
+        common["transfer_dir"] = os.path.abspath(transfer_dir)
+    if len(dims) <= 1:
+        encode = _encoder_at(encoder, dims[0] if dims else None, batch_size, precision, unit)
+        label = f"{name} [{dims[0]} dims]" if dims else name
+        results = {**common, **_scores(encode, label, sts, transfer, sts_dir, transfer_dir)}
+        if dims:
+            results["truncate_dim"] = dims[0]
+    else:  # one encoding, scored at each dimension
+        full = _remembering(lambda s: encoder.encode(s, batch_size=batch_size, precision=precision))
+        by_dim = {}
+        for d in dims:
+            encode = _at_dim(full, d, unit)
+            by_dim[str(d)] = _scores(encode, f"{name} [{d} dims]", sts, transfer, sts_dir, transfer_dir)
+        results = {**common, "truncate_dims": dims, "by_dim": by_dim}
+        if sts:
+            print(f"STS at each dimension ({name}):")
+            print(format_table({f"{d} dims": r for d, r in by_dim.items()}, sts))
     if output is not None:
         with open(output, "x") as f:
             json.dump({"model": name, "pooling": encoder.pooling, "precision": precision, "normalized": unit, **results},
                       f, indent=2)
         print(f"results written to {output}")
     if export is not None:
-        export_run(encoder, export, ckpt_path, results, precision, source=name)
+        export_run(encoder, export, ckpt_path, results, precision, source=name, truncate_dim=dims[0] if dims else None)
     return results
+
+
+def _scores(encode, name: str, sts: list[str], transfer: list[str], sts_dir: str | None,
+            transfer_dir: str | None) -> dict:
+    """The STS and transfer results of one ``encode`` function, with their tables printed."""
+    results: dict = {}
+    if sts:
+        results.update(evaluate_sts(encode, sts_dir, sts, progress=sys.stderr))
+        print(format_table({name: results}, sts))
+    if transfer:
+        found = evaluate_transfer(encode, transfer_dir or sts_dir, transfer, progress=sys.stderr)
+        print(format_transfer_table({name: found}, transfer))
+        if "avg" in found:  # beside the STS average, under its own name
+            found["transfer_avg"] = found.pop("avg")
+        results.update(found)
+    return results
+
+
+def _encoder_at(encoder, dim: int | None, batch_size: int, precision: str, unit: bool):
+    full = lambda s: encoder.encode(s, batch_size=batch_size, precision=precision)  # noqa: E731
+    return _at_dim(full, dim, unit)
+
+
+def _at_dim(full, dim: int | None, unit: bool):
+    """``full``'s embeddings cut to their first ``dim`` dimensions, then normalised when ``unit`` (as
+    sentence-transformers truncates before it normalises)."""
+    def encode(sentences: list[str]) -> torch.Tensor:
+        emb = full(sentences)  # (N, H)
+        emb = emb[:, :dim] if dim is not None else emb  # (N, dim)
+        return torch.nn.functional.normalize(emb, dim=-1) if unit else emb
+
+    return encode
+
+
+def _remembering(encode):
+    """``encode`` that embeds each call's sentences once, so each Matryoshka dimension reuses them."""
+    seen: dict[tuple[str, ...], torch.Tensor] = {}
+
+    def remembered(sentences: list[str]) -> torch.Tensor:
+        key = tuple(sentences)
+        if key not in seen:
+            seen[key] = encode(sentences)
+        return seen[key]
+
+    return remembered
 
 
 EXAMPLES = """\

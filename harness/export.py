@@ -67,8 +67,10 @@ def model_card(
     results: Mapping[str, Any] | None,
     eval_precision: str,
     source: str | None,
+    truncate_dim: int | None = None,
 ) -> str:
-    """The README.md of an exported model: what it is, how it was trained, how it scores."""
+    """The README.md of an exported model: what it is, how it was trained, how it scores (at ``truncate_dim``
+    dimensions when given)."""
     checkpoint = checkpoint or {}
     encoder_config = dict(checkpoint.get("encoder_config") or encoder.config_dict)
     run = yaml.safe_load(checkpoint["run_config"]) if checkpoint.get("run_config") else {}
@@ -87,7 +89,7 @@ def model_card(
               f"A sentence encoder fine-tuned from `{base}` with this project's PyTorch Lightning code"
               + (f" (exported from `{source}`)." if source else "."), "",
               "```python", "from sentence_transformers import SentenceTransformer", "",
-              f'model = SentenceTransformer("{name}")',
+              f'model = SentenceTransformer("{name}"' + (f", truncate_dim={truncate_dim})" if truncate_dim else ")"),
               'embeddings = model.encode(["A man is playing a guitar.", "Someone plays an instrument."])',
               "```", "", "## Architecture", "",
               f"- Transformer: `{base}` ({type(encoder.transformer).__name__}, hidden size "
@@ -99,7 +101,13 @@ def model_card(
     if getattr(encoder, "projection", None) is not None:
         p = encoder.projection
         lines.append(f"- Dense (linear projection, no activation), {p.in_features} -> {p.out_features}")
-    lines += [f"- Embedding dimension {encoder.dim}; compare embeddings with cosine similarity", ""]
+    if truncate_dim:
+        lines += [f"- Embedding dimension {encoder.dim}, used at its first {truncate_dim} (a Matryoshka truncation: "
+                  f"`truncate_dim: {truncate_dim}` in config_sentence_transformers.json, which this project's loader "
+                  "applies; sentence-transformers takes it as the `truncate_dim` argument); compare embeddings with "
+                  "cosine similarity", ""]
+    else:
+        lines += [f"- Embedding dimension {encoder.dim}; compare embeddings with cosine similarity", ""]
 
     lines += ["## Training", ""]
     if not checkpoint:
@@ -173,13 +181,15 @@ def export_run(
     results: Mapping[str, Any] | None = None,
     eval_precision: str = "32",
     source: str | None = None,
+    truncate_dim: int | None = None,
 ) -> Path:
     """``evaluate.py --export``: the model card's metadata comes from the checkpoint file itself."""
     checkpoint = None
     if ckpt_path is not None:
         full = load_checkpoint(ckpt_path)
         checkpoint = {k: full[k] for k in ("encoder_config", "objective", "run_config", "global_step") if k in full}
-    target = export_sentence_transformers(encoder, path, checkpoint, results, eval_precision, source or ckpt_path)
+    target = export_sentence_transformers(encoder, path, checkpoint, results, eval_precision, source or ckpt_path,
+                                          truncate_dim)
     print(f"sentence-transformers model written to {target}")
     return target
 
@@ -191,6 +201,7 @@ def export_sentence_transformers(
     results: Mapping[str, Any] | None = None,
     eval_precision: str = "32",
     source: str | None = None,
+    truncate_dim: int | None = None,
 ) -> Path:
     """Write ``encoder`` as a sentence-transformers directory at ``path``, with its model card.
 
@@ -202,6 +213,8 @@ def export_sentence_transformers(
         results: ``evaluate_sts`` output, shown in the model card.
         eval_precision: the precision the results were computed in.
         source: where the model came from (checkpoint path or model name), for the card.
+        truncate_dim: record that the model is used at its first this many dimensions (Matryoshka).
     """
-    card = model_card(encoder, Path(path).absolute().name, checkpoint, results, eval_precision, source)
-    return write_sentence_transformers_dir(encoder, path, card)
+    truncate_dim = truncate_dim or getattr(encoder, "truncate_dim", None)
+    card = model_card(encoder, Path(path).absolute().name, checkpoint, results, eval_precision, source, truncate_dim)
+    return write_sentence_transformers_dir(encoder, path, card, truncate_dim)

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import lightning as L
 import torch
@@ -13,7 +13,8 @@ from transformers import get_scheduler
 
 from encoders.sentence import SentenceEncoder
 
-from .losses import alignment, uniformity
+from .grad_cache import embed_columns
+from .losses import alignment, matryoshka_loss, uniformity
 
 
 class SentenceEmbeddingModule(L.LightningModule):
@@ -21,6 +22,12 @@ class SentenceEmbeddingModule(L.LightningModule):
     declares its side of the data contract, which the DataModule checks in ``setup`` before any work:
     ``batch_keys`` (the training batch keys it reads) and ``needs_unique_sentences`` (no sentence twice
     in a batch, for in-batch negatives; the DataModule's sampler then guarantees it).
+
+    An objective whose loss is a function of the embeddings alone computes it through
+    ``embedding_loss(columns, loss_fn)`` and sets ``supports_matryoshka``: that one method embeds the
+    columns (through GradCache when asked) and, with ``matryoshka_dims``, sums the loss over the
+    truncated embeddings (``losses.matryoshka_loss``; Kusupati et al. 2022), each dimension's loss
+    logged as ``train/loss_dim<d>``.
 
     Validation is the same for all objectives: Spearman x 100 of cosine similarity against the
     gold score on each dev set the DataModule provides (``val/stsb_spearman``,
@@ -38,10 +45,17 @@ class SentenceEmbeddingModule(L.LightningModule):
         alignment_threshold: rescaled gold score from which a dev pair counts as a positive pair.
         optimizer: ``adamw`` (sentence-transformers' choice, with ``weight_decay``) or ``adam``, the
             SBERT paper's Adam without weight decay.
+        matryoshka_dims: train the first d dimensions of the embedding as embeddings of their own, for each
+            d given (e.g. ``[384, 256, 128, 64]``): the loss is summed over the truncations. None: the full
+            embedding only.
+        matryoshka_weights: one weight per ``matryoshka_dims`` entry (default 1 each).
+        val_truncate_dim: score the dev sets during training on the first this many dimensions (cosine of
+            the truncation); None: the full embedding.
     """
 
     batch_keys: tuple[str, ...] = ()
     needs_unique_sentences: bool = False
+    supports_matryoshka: bool = False  # the loss goes through embedding_loss
 
     @classmethod
     def accepts_batch_keys(cls, keys: Sequence[str]) -> bool:
@@ -61,6 +75,9 @@ class SentenceEmbeddingModule(L.LightningModule):
         scheduler: Literal["linear", "constant_with_warmup", "cosine"] = "linear",
         alignment_threshold: float = 0.8,
         optimizer: Literal["adamw", "adam"] = "adamw",
+        matryoshka_dims: list[int] | None = None,
+        matryoshka_weights: list[float] | None = None,
+        val_truncate_dim: int | None = None,
     ) -> None:
         super().__init__()
         if lr <= 0:
@@ -69,12 +86,65 @@ class SentenceEmbeddingModule(L.LightningModule):
             raise ValueError(f"warmup_ratio must be in [0, 1), got {warmup_ratio}")
         if optimizer not in ("adamw", "adam"):
             raise ValueError(f"optimizer must be 'adamw' or 'adam', got {optimizer!r}")
+        self._check_matryoshka(encoder, matryoshka_dims, matryoshka_weights, val_truncate_dim)
         self.save_hyperparameters(ignore=["encoder"])
         self.encoder = encoder
+        self.matryoshka_dims = list(matryoshka_dims) if matryoshka_dims else None
+        self.matryoshka_weights = list(matryoshka_weights) if matryoshka_weights else None
+        self.val_truncate_dim = val_truncate_dim
+        self._loss_parts: dict[int, Tensor] = {}  # each Matryoshka dimension's loss of the last batch
         self.run_config: str | None = None  # the resolved CLI config, stored in every checkpoint
         self.val_spearman = nn.ModuleDict()
         self.val_names: list[str] = []
         self._val_parts: dict[int, list[tuple[Tensor, Tensor]]] = {}  # dev set -> (rows, embeddings) per batch
+
+    def _check_matryoshka(self, encoder: Any, dims: list[int] | None, weights: list[float] | None,
+                          val_dim: int | None) -> None:
+        width = getattr(encoder, "dim", None)
+        if dims is not None:
+            if not type(self).supports_matryoshka:
+                raise ValueError(f"model.init_args.matryoshka_dims: {type(self).__name__}'s loss is not a function of "
+                                 "the embeddings alone; the objectives that take it: MNR, SimCSE, DCLR, Triplet, "
+                                 "STSRegression")
+            if not dims:
+                raise ValueError("model.init_args.matryoshka_dims: give at least one dimension, or leave it unset")
+            for d in dims:
+                if not isinstance(d, int) or d < 1 or (width is not None and d > width):
+                    raise ValueError(f"model.init_args.matryoshka_dims: {d!r} is not a dimension of the encoder's "
+                                     f"{width}-dimensional embeddings (1 to {width})")
+            if len(set(dims)) != len(dims):
+                raise ValueError(f"model.init_args.matryoshka_dims: {dims} repeats a dimension")
+        if weights is not None:
+            if dims is None or len(weights) != len(dims):
+                raise ValueError(f"model.init_args.matryoshka_weights: {len(weights)} weights for "
+                                 f"{len(dims or [])} matryoshka_dims; give one weight per dimension")
+            if any(not w > 0 for w in weights):
+                raise ValueError(f"model.init_args.matryoshka_weights: {weights}: every weight must be > 0")
+        if val_dim is not None and (val_dim < 1 or (width is not None and val_dim > width)):
+            raise ValueError(f"model.init_args.val_truncate_dim: {val_dim} is not a dimension of the encoder's "
+                             f"{width}-dimensional embeddings (1 to {width})")
+
+    def embedding_loss(self, columns: list[Any], loss_fn: Callable[[list[Tensor]], Tensor],
+                       mini_batch_size: int | None = None) -> Tensor:
+        """``loss_fn`` over the encoder's embeddings of each column (tokenized features), through GradCache
+        when ``mini_batch_size`` is set, and summed over the truncations when ``matryoshka_dims`` is set."""
+        return embed_columns(self.encoder, columns, self.matryoshka(loss_fn), mini_batch_size)
+
+    def matryoshka(self, loss_fn: Callable[[list[Tensor]], Tensor]) -> Callable[[list[Tensor]], Tensor]:
+        """``loss_fn`` itself, or with ``matryoshka_dims`` its weighted sum over the truncated embeddings
+        (``losses.matryoshka_loss``). It then runs once per dimension, widest last, so the scalars it leaves
+        for the log describe the widest truncation; each dimension's loss is logged as ``train/loss_dim<d>``."""
+        if self.matryoshka_dims is None:
+            return loss_fn
+        order = sorted(range(len(self.matryoshka_dims)), key=lambda i: self.matryoshka_dims[i])  # widest last
+        dims = [self.matryoshka_dims[i] for i in order]
+        weights = [self.matryoshka_weights[i] for i in order] if self.matryoshka_weights else None
+
+        def summed(embeddings: list[Tensor]) -> Tensor:
+            loss, self._loss_parts = matryoshka_loss(loss_fn, embeddings, dims, weights)
+            return loss
+
+        return summed
 
     # -- what objectives implement ------------------------------------------------------
     def training_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
@@ -106,6 +176,8 @@ class SentenceEmbeddingModule(L.LightningModule):
         self.log("train/loss", loss, prog_bar=True, batch_size=size)
         for name, value in logs.items():
             self.log(f"train/{name}", value, batch_size=size)
+        for dim, value in self._loss_parts.items():
+            self.log(f"train/loss_dim{dim}", value, batch_size=size)
         self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=size)
         return loss
 
@@ -134,6 +206,8 @@ class SentenceEmbeddingModule(L.LightningModule):
         """One batch of a dev set's distinct sentences (``datamodules.scored.DevSet``): their embeddings,
         kept until the epoch's end, where the pairs are scored."""
         emb = self.encoder(batch["sentence"]).float()  # (B, H)
+        if self.val_truncate_dim is not None:
+            emb = emb[:, :self.val_truncate_dim]  # (B, d): the cosine below renormalises it
         self._val_parts.setdefault(dataloader_idx, []).append((batch["rows"].to(emb.device), emb))
 
     def on_validation_epoch_end(self) -> None:

@@ -81,6 +81,11 @@ class DCLR(SentenceEmbeddingModule):
                                                                          of its trained head over [CLS]
     ============================  =====================================  ===========================================
 
+    ``matryoshka_dims`` (base class) sums the loss over truncated embeddings (Kusupati et al. 2022): the in-batch
+    cosines, the noise (drawn at each truncation's width) and, for ``complementary_model: self``, the weighting use
+    the truncation; the complementary model's views and the distillation teacher are computed once per batch, and
+    the paper form compares the noise with the first d dimensions of the complementary anchor.
+
     The complementary model's trained head (``complementary_head``): SimCSE's MLP (``encoder.mlp``) for
     a ``*.ckpt`` of this codebase, the transformer's ``pooler_output`` for a hub SimCSE checkpoint (its
     conversion script stores the trained MLP as ``pooler``). The official overlay
@@ -125,6 +130,7 @@ class DCLR(SentenceEmbeddingModule):
 
     batch_keys = ("sentence",)
     needs_unique_sentences = True
+    supports_matryoshka = True
 
     def __init__(
         self,
@@ -262,24 +268,38 @@ class DCLR(SentenceEmbeddingModule):
         z1 = self.encoder(features).float()  # (B, H) anchors
         # (B, H) positives: the same sentences, another dropout mask (and the augmentation, when one is set)
         z2 = self.encoder(positive_view(features, self.augmentation, self.augmentation_rate, self.encoder.dim)).float()
+        logs: dict[str, Any] = {}
+        once: dict[str, Any] = {}  # the complementary model's views and the teacher: one pass per batch
+
+        def loss_fn(embeddings: list[Tensor]) -> Tensor:
+            return self._loss(features, embeddings[0], embeddings[1], once, logs)
+
+        return self.matryoshka(loss_fn)([z1, z2]), logs
+
+    def _loss(self, features: dict[str, Tensor], z1: Tensor, z2: Tensor, once: dict[str, Any],
+              logs: dict[str, Any]) -> Tensor:
+        """DCLR's loss on the anchors z1 and positives z2 (B, d); ``once`` keeps what does not depend on them
+        (the complementary model's views, the distillation teacher), so Matryoshka dimensions share it."""
         B = z1.shape[0]
-        z2_all, labels = in_batch_candidates(z1, z2, None, self.gather_across_devices)  # (world*B, H), (B,)
+        z2_all, labels = in_batch_candidates(z1, z2, None, self.gather_across_devices)  # (world*B, d), (B,)
         sims = cosine_similarity_matrix(z1, z2_all)  # (B, world*B)
         others = torch.ones_like(sims, dtype=torch.bool)
         others[torch.arange(B), labels] = False
         pos = sims[torch.arange(B), labels]  # (B,)
         neg = sims[others].view(B, -1)  # (B, world*B - 1) in-batch negatives
         weights = torch.ones_like(neg)
-        logs: dict[str, Any] = {}
 
         comp_anchor = comp_sims = threshold = None
         if self.complementary is not None or self.self_weighting:
             with torch.no_grad():
                 if self.self_weighting:  # the paper's ablation: the model being trained scores its own negatives
-                    comp_anchor, comp_all = z1.detach(), z2_all.detach()  # (B, H), (world*B, H)
+                    comp_anchor, comp_all = z1.detach(), z2_all.detach()  # (B, d), (world*B, d)
                 else:
-                    comp_anchor, comp_view = self._complementary_views(features)  # (B, H') each
-                    comp_all = gather_with_grad(comp_view) if self.gather_across_devices else comp_view
+                    if "comp" not in once:
+                        comp_anchor, comp_view = self._complementary_views(features)  # (B, H') each
+                        comp_all = gather_with_grad(comp_view) if self.gather_across_devices else comp_view
+                        once["comp"] = comp_anchor, comp_all
+                    comp_anchor, comp_all = once["comp"]
                 comp_sims = cosine_similarity_matrix(comp_anchor, comp_all)  # (B, world*B)
                 comp_neg = comp_sims[others].view(B, -1)  # (B, world*B - 1)
         if comp_sims is not None and self.use_weighting:
@@ -311,7 +331,9 @@ class DCLR(SentenceEmbeddingModule):
                 # The paper weights noise too. The noise lives in the trained model's space, so this cosine
                 # compares vectors of two models (train/noise_masked_fraction logs how many it masks).
                 with torch.no_grad():
-                    comp_noise = anchor_cosines(comp_anchor, noise)  # (B, k)
+                    # A Matryoshka truncation d compares the noise with the first d of the complementary
+                    # anchor's dimensions (the same width: checked in __init__).
+                    comp_noise = anchor_cosines(comp_anchor[..., :noise.shape[-1]], noise)  # (B, k)
                     noise_weights = self._weights(comp_noise, threshold)
                 logs["noise_masked_fraction"] = (noise_weights == 0).float().mean()
             neg = torch.cat([neg, noise_sims], dim=-1)  # (B, world*B - 1 + k)
@@ -322,7 +344,9 @@ class DCLR(SentenceEmbeddingModule):
         else:
             loss = dclr_loss(pos, neg, weights, self.temperature, "remove")
         if self.distillation_weight > 0:
-            teacher = self.distillation_teacher(features)  # (B, world*B)
+            if "teacher" not in once:
+                once["teacher"] = self.distillation_teacher(features)  # (B, world*B)
+            teacher = once["teacher"]
             distill = distillation_kl(teacher, sims, self.temperature)
             logs["distillation_kl"] = distill.detach()
             for name, row_sims in (("teacher", teacher), ("student", sims.detach())):
@@ -332,4 +356,4 @@ class DCLR(SentenceEmbeddingModule):
             loss = loss + self.distillation_weight * distill
         accuracy = ((pos[:, None] > neg) | (weights == 0)).all(-1).float().mean()  # over kept negatives
         logs.update(ranking_diagnostics(z1, z2, accuracy), temperature=self.temperature)
-        return loss, logs
+        return loss

@@ -135,3 +135,31 @@ def grad_cache_loss(
                     torch.autograd.backward(emb, (grad * grad_output).to(emb.dtype))
 
     return _ReplayEmbeddings.apply(loss, replay)
+
+
+def split_features(features: dict[str, Tensor], size: int) -> list[dict[str, Tensor]]:
+    """Cut a padded (B, L) batch into mini-batches of ``size`` rows, each trimmed of padding columns."""
+    chunks = []
+    for start in range(0, features["input_ids"].shape[0], size):
+        chunk = {k: v[start:start + size] for k, v in features.items()}
+        width = int(chunk["attention_mask"].sum(1).max())
+        chunks.append({k: v[:, :width] for k, v in chunk.items()})
+    return chunks
+
+
+def embed_columns(
+    embed: Callable[[dict[str, Tensor]], Tensor],
+    columns: list[dict[str, Tensor]],
+    loss_fn: Callable[[list[Tensor]], Tensor],
+    mini_batch_size: int | None,
+) -> Tensor:
+    """``loss_fn`` over the embeddings of each column, directly or through GradCache.
+
+    With ``mini_batch_size`` the batch is embedded in mini-batches without graph, the loss and
+    its gradient with respect to the embeddings are computed once, and each mini-batch is
+    re-embedded with graph under the same dropout state in the backward pass: the gradients of
+    the full batch with the memory of one mini-batch (Gao et al. 2021, GradCache).
+    """
+    if mini_batch_size is None:
+        return loss_fn([embed(c) for c in columns])
+    return grad_cache_loss(embed, [split_features(c, mini_batch_size) for c in columns], loss_fn)

@@ -8,7 +8,7 @@ temperature-scaled cosines and ``log(1 - softmax)`` lose too much in 16-bit.
 from __future__ import annotations
 
 import math
-from typing import Literal, Sequence, get_args
+from typing import Callable, Literal, Sequence, get_args
 
 import torch
 import torch.nn.functional as F
@@ -98,6 +98,37 @@ def info_nce_loss(queries: Tensor, keys: Tensor, labels: Tensor, scale: float) -
 def in_batch_accuracy(logits: Tensor, labels: Tensor) -> Tensor:
     """Fraction of queries whose positive has the largest logit. logits: (B, C); labels: (B,)."""
     return (logits.argmax(dim=-1) == labels).float().mean()
+
+
+# --------------------------------------------------------------------------- Matryoshka
+
+
+def matryoshka_loss(
+    loss_fn: Callable[[list[Tensor]], Tensor],
+    embeddings: Sequence[Tensor],
+    dims: Sequence[int],
+    weights: Sequence[float] | None = None,
+) -> tuple[Tensor, dict[int, Tensor]]:
+    """Matryoshka representation learning (Kusupati et al., NeurIPS 2022; sentence-transformers'
+    MatryoshkaLoss): ``sum_d w_d * loss_fn([e[..., :d] for e in embeddings])``, so that the first d
+    dimensions of an embedding are an embedding on their own. Returns the sum and each dimension's
+    unweighted loss (detached).
+
+    Truncation only slices: a ``loss_fn`` that compares by cosine (every function above except
+    ``triplet_loss``) normalises the slice itself, which is the renormalised truncation; the Euclidean
+    triplet loss sees the slice as it is. ``loss_fn`` is called once per dimension, in the order given.
+
+    embeddings: each (B, H) with H >= max(dims); dims: positive ints; weights: one per dim, default 1
+    """
+    weights = [1.0] * len(dims) if weights is None else list(weights)
+    if len(weights) != len(dims) or not dims:
+        raise ValueError(f"matryoshka: {len(dims)} dims and {len(weights)} weights")
+    total, parts = None, {}
+    for dim, weight in zip(dims, weights):
+        loss = loss_fn([e[..., :dim] for e in embeddings])  # each (B, dim)
+        parts[int(dim)] = loss.detach()
+        total = weight * loss if total is None else total + weight * loss
+    return total, parts
 
 
 # --------------------------------------------------------------------------- Wang & Isola metrics

@@ -1,7 +1,7 @@
 """In-batch ranking across devices: the plumbing MNR and SimCSE share (the maths is in losses.py)."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor
@@ -10,25 +10,39 @@ from encoders.sentence import SentenceEncoder
 
 from .base import SentenceEmbeddingModule
 from .distributed import gather_with_grad, rank_and_world
-from .grad_cache import grad_cache_loss
 from .losses import alignment, in_batch_accuracy, info_nce_loss, uniformity
 
 
+def negative_keys(batch: dict[str, Any]) -> list[str]:
+    """The batch's hard-negative columns in order: ``negative`` (one per anchor), or ``negative_1`` ...
+    ``negative_n`` (a mined file, ``NLIDataModule(num_negatives=n)``), or none."""
+    if "negative" in batch:
+        return ["negative"]
+    numbered = [k for k in batch if k.startswith("negative_") and k[len("negative_"):].isdigit()]
+    return sorted(numbered, key=lambda k: int(k[len("negative_"):]))
+
+
 def in_batch_candidates(
-    anchors: Tensor, positives: Tensor, negatives: Tensor | None, gather: bool,
+    anchors: Tensor, positives: Tensor, negatives: Tensor | Sequence[Tensor] | None, gather: bool,
 ) -> tuple[Tensor, Tensor]:
     """Every anchor's candidates in the (global) batch and the column of its own positive.
 
-    Candidates are the positives of all anchors, then the hard negatives of all anchors. With
-    ``gather`` each column is gathered from every device separately, with gradient, before
-    concatenation, so the hard negatives stay aligned with their anchors and the local anchor
-    i's positive sits at ``rank * B + i``.
+    Candidates are the positives of all anchors, then the first hard negatives of all anchors, then
+    the second ones, and so on: every negative column is a candidate of every anchor. With ``gather``
+    each column is gathered from every device separately, with gradient, before concatenation, so the
+    hard negatives stay aligned with their anchors and the local anchor i's positive sits at
+    ``rank * B + i``.
 
-    anchors, positives, negatives: (B, H) -> candidates (world*B [+ world*B], H), labels (B,)
+    anchors, positives: (B, H); negatives: (B, H), a list of n such, or None
+    -> candidates ((1 + n) * world*B, H), labels (B,)
     """
     rank, world = rank_and_world() if gather else (0, 1)
     collect = gather_with_grad if gather else (lambda t: t)
-    keys = [collect(positives)] + ([collect(negatives)] if negatives is not None else [])
+    if negatives is None:
+        negatives = []
+    elif isinstance(negatives, Tensor):
+        negatives = [negatives]
+    keys = [collect(positives)] + [collect(n) for n in negatives]  # each (world*B, H)
     labels = rank * anchors.shape[0] + torch.arange(anchors.shape[0], device=anchors.device)  # (B,)
     return torch.cat(keys), labels
 
@@ -43,7 +57,7 @@ def ranking_diagnostics(anchors: Tensor, positives: Tensor, accuracy: Tensor) ->
 def ranking_loss(
     anchors: Tensor,
     positives: Tensor,
-    negatives: Tensor | None,
+    negatives: Tensor | Sequence[Tensor] | None,
     scale: float,
     gather: bool,
     symmetric: bool = False,
@@ -51,7 +65,7 @@ def ranking_loss(
     """Cross entropy of each anchor over every candidate in the (global) batch (``in_batch_candidates``);
     ``symmetric`` adds the positive -> anchor direction.
 
-    anchors, positives, negatives: (B, H) -> (loss, in-batch top-1 accuracy)
+    anchors, positives: (B, H); negatives: (B, H), a list of n such, or None -> (loss, in-batch top-1 accuracy)
     """
     keys, labels = in_batch_candidates(anchors, positives, negatives, gather)  # (C, H), (B,)
     loss, logits = info_nce_loss(anchors, keys, labels, scale)  # logits (B, C)
@@ -59,34 +73,6 @@ def ranking_loss(
         back, _ = info_nce_loss(positives, gather_with_grad(anchors) if gather else anchors, labels, scale)
         loss = (loss + back) / 2
     return loss, in_batch_accuracy(logits, labels)
-
-
-def split_features(features: dict[str, Tensor], size: int) -> list[dict[str, Tensor]]:
-    """Cut a padded (B, L) batch into mini-batches of ``size`` rows, each trimmed of padding columns."""
-    chunks = []
-    for start in range(0, features["input_ids"].shape[0], size):
-        chunk = {k: v[start:start + size] for k, v in features.items()}
-        width = int(chunk["attention_mask"].sum(1).max())
-        chunks.append({k: v[:, :width] for k, v in chunk.items()})
-    return chunks
-
-
-def embed_columns(
-    embed: Callable[[dict[str, Tensor]], Tensor],
-    columns: list[dict[str, Tensor]],
-    loss_fn: Callable[[list[Tensor]], Tensor],
-    mini_batch_size: int | None,
-) -> Tensor:
-    """``loss_fn`` over the embeddings of each column, directly or through GradCache.
-
-    With ``mini_batch_size`` the batch is embedded in mini-batches without graph, the loss and
-    its gradient with respect to the embeddings are computed once, and each mini-batch is
-    re-embedded with graph under the same dropout state in the backward pass: the gradients of
-    the full batch with the memory of one mini-batch (Gao et al. 2021, GradCache).
-    """
-    if mini_batch_size is None:
-        return loss_fn([embed(c) for c in columns])
-    return grad_cache_loss(embed, [split_features(c, mini_batch_size) for c in columns], loss_fn)
 
 
 def check_grad_cache_strategy(trainer: Any, mini_batch_size: int | None) -> None:
@@ -104,7 +90,7 @@ def check_grad_cache_strategy(trainer: Any, mini_batch_size: int | None) -> None
 
 class InBatchRanking(SentenceEmbeddingModule):
     """Base of the in-batch ranking objectives (MNR, SimCSE): the settings they share and the
-    loss over columns of tokenized sentences (anchors, positives[, hard negatives]).
+    loss over columns of tokenized sentences (anchors, positives[, hard negatives 1..n]).
 
     Args:
         encoder: the sentence encoder.
@@ -112,6 +98,8 @@ class InBatchRanking(SentenceEmbeddingModule):
             per-device batches; the DataModule's sampler guarantees it).
         mini_batch_size: GradCache mini-batch; None embeds the whole batch at once.
     """
+
+    supports_matryoshka = True
 
     def __init__(self, encoder: SentenceEncoder, gather_across_devices: bool = True,
                  mini_batch_size: int | None = None, **kwargs: Any) -> None:
@@ -126,14 +114,14 @@ class InBatchRanking(SentenceEmbeddingModule):
 
     def ranked_loss(self, columns: list[dict[str, Tensor]], scale: float,
                     symmetric: bool = False) -> tuple[Tensor, dict[str, Tensor]]:
-        """Embed the columns (GradCache when ``mini_batch_size``), rank, and the diagnostics."""
+        """Embed the columns (GradCache when ``mini_batch_size``; the Matryoshka sum when set), rank, and the
+        diagnostics. Columns: anchors, positives, then any number of hard-negative columns."""
         logs: dict[str, Tensor] = {}
 
         def loss_fn(embeddings: list[Tensor]) -> Tensor:
-            anchors, positives = embeddings[0], embeddings[1]  # (B, H) each
-            negatives = embeddings[2] if len(embeddings) > 2 else None
+            anchors, positives, negatives = embeddings[0], embeddings[1], embeddings[2:]  # (B, H) each
             loss, accuracy = ranking_loss(anchors, positives, negatives, scale, self.gather_across_devices, symmetric)
             logs.update(ranking_diagnostics(anchors, positives, accuracy))
             return loss
 
-        return embed_columns(self.encoder, columns, loss_fn, self.mini_batch_size), logs
+        return self.embedding_loss(columns, loss_fn, self.mini_batch_size), logs

@@ -7,7 +7,7 @@ from torch import Tensor
 
 from encoders.augment import Augmentation, check_augmentation, positive_view
 from encoders.sentence import SentenceEncoder
-from .ranking import InBatchRanking
+from .ranking import InBatchRanking, negative_keys
 
 
 class SimCSE(InBatchRanking):
@@ -21,7 +21,11 @@ class SimCSE(InBatchRanking):
 
     Supervised, batch keys ``anchor``, ``positive``, ``negative`` (``NLIDataModule(view=
     "triplets")``): entailment as positive, contradiction as hard
-    negative. Paper: batch 512, lr 5e-5, 3 epochs, ``cls`` pooling with the MLP head kept.
+    negative. Paper: batch 512, lr 5e-5, 3 epochs, ``cls`` pooling with the MLP head kept. With n mined
+    negatives (``negative_1`` ... ``negative_n``, ``NLIDataModule(view="triplets", num_negatives=n)``) every
+    negative column is a candidate of every anchor, as in MNR.
+
+    ``matryoshka_dims`` (base class) sums the loss over truncated embeddings (Kusupati et al. 2022).
 
     The encoder must be in train mode (dropout on) for the unsupervised task to be non-trivial;
     the base module makes sure of it.
@@ -42,11 +46,13 @@ class SimCSE(InBatchRanking):
 
     @classmethod
     def accepts_batch_keys(cls, keys: Sequence[str]) -> bool:
-        return set(cls.batch_keys) <= set(keys) or set(cls.supervised_batch_keys) <= set(keys)
+        mined = {"anchor", "positive", "negative_1"} <= set(keys)  # n mined negatives
+        return set(cls.batch_keys) <= set(keys) or set(cls.supervised_batch_keys) <= set(keys) or mined
 
     @classmethod
     def describe_batch_keys(cls) -> str:
-        return f"{', '.join(cls.batch_keys)} (unsupervised) or {', '.join(cls.supervised_batch_keys)} (supervised)"
+        return (f"{', '.join(cls.batch_keys)} (unsupervised) or {', '.join(cls.supervised_batch_keys)} "
+                "(supervised; or negative_1 ... negative_n)")
 
     def __init__(self, encoder: SentenceEncoder, temperature: float = 0.05, augmentation: Augmentation = "dropout",
                  augmentation_rate: float = 0.1, **kwargs: Any) -> None:
@@ -67,7 +73,7 @@ class SimCSE(InBatchRanking):
                 raise ValueError(f"model.init_args.augmentation={self.augmentation!r} applies to unsupervised SimCSE "
                                  "(single sentences); supervised batches (anchor, positive, negative) take only "
                                  "'dropout'")
-            columns = [batch["anchor"], batch["positive"], batch["negative"]]
+            columns = [batch["anchor"], batch["positive"]] + [batch[k] for k in negative_keys(batch)]
         loss, logs = self.ranked_loss(columns, 1.0 / self.temperature)
         logs["temperature"] = self.temperature
         return loss, logs

@@ -22,12 +22,16 @@ class Triplet(SentenceEmbeddingModule):
     variant (Tang & Aw 2020): a shared-weight three-branch network whose only trainable part is
     a linear head over frozen transformer embeddings.
 
+    ``matryoshka_dims`` (base class) sums the loss over truncated embeddings (Kusupati et al. 2022);
+    the distance is Euclidean, so a truncation is used as it is, not renormalised.
+
     Args:
         encoder: the sentence encoder.
         margin: the triplet margin.
     """
 
     batch_keys = ("anchor", "positive", "negative")
+    supports_matryoshka = True
 
     def __init__(self, encoder: SentenceEncoder, margin: float = 1.0, **kwargs: Any) -> None:
         super().__init__(encoder, **kwargs)
@@ -36,9 +40,13 @@ class Triplet(SentenceEmbeddingModule):
         self.margin = margin
 
     def training_loss(self, batch: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
-        a = self.encoder(batch["anchor"])  # (B, H)
-        p = self.encoder(batch["positive"])  # (B, H)
-        n = self.encoder(batch["negative"])  # (B, H)
-        loss = triplet_loss(a, p, n, self.margin)
-        with_margin = ((a - p).float().norm(dim=-1) + self.margin <= (a - n).float().norm(dim=-1)).float().mean()
-        return loss, {"satisfied": with_margin}
+        logs: dict[str, Tensor] = {}
+
+        def loss_fn(embeddings: list[Tensor]) -> Tensor:
+            a, p, n = embeddings  # (B, H) each
+            d_pos, d_neg = (a - p).float().norm(dim=-1), (a - n).float().norm(dim=-1)  # (B,)
+            logs["satisfied"] = (d_pos + self.margin <= d_neg).float().mean()
+            return triplet_loss(a, p, n, self.margin)
+
+        loss = self.embedding_loss([batch["anchor"], batch["positive"], batch["negative"]], loss_fn)
+        return loss, logs

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import socket
 
+import pytest
+
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -70,3 +72,66 @@ def test_two_process_gather_matches_single_process(tmp_path):
     loss.backward()
     assert torch.allclose(result["loss"], loss.detach(), atol=1e-12)
     assert torch.allclose(result["grad"], encoder.weight.grad, atol=1e-12)
+
+
+# -- n hard negatives per anchor, through GradCache and the Matryoshka sum ---------------------------------
+N_NEG, CHUNK, DIMS, WEIGHTS = 3, 2, [4, 2], [1.0, 0.5]
+B_NEG = 4  # per device, two GradCache mini-batches of CHUNK
+
+
+def _negatives_setup():
+    torch.manual_seed(0)
+    encoder = torch.nn.Linear(H_IN, H).double()
+    columns = [torch.randn(WORLD * B_NEG, H_IN, dtype=torch.float64) for _ in range(2 + N_NEG)]  # a, p, n_1..n_3
+    return encoder, columns
+
+
+def _negatives_loss(gather: bool, matryoshka: bool):
+    from lightning_modules.losses import matryoshka_loss
+    from lightning_modules.ranking import ranking_loss
+
+    def loss_fn(embeddings):  # anchors, positives, negatives 1..n: (B, H) each
+        return ranking_loss(embeddings[0], embeddings[1], embeddings[2:], SCALE, gather)[0]
+
+    if not matryoshka:
+        return loss_fn
+    return lambda embeddings: matryoshka_loss(loss_fn, embeddings, DIMS, WEIGHTS)[0]
+
+
+def _negatives_worker(rank: int, port: int, out_path: str, matryoshka: bool) -> None:
+    from lightning_modules.grad_cache import grad_cache_loss
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    try:
+        encoder, columns = _negatives_setup()
+        mine = slice(rank * B_NEG, (rank + 1) * B_NEG)
+        chunks = [list(c[mine].split(CHUNK)) for c in columns]  # GradCache mini-batches of each local column
+        loss = grad_cache_loss(encoder, chunks, _negatives_loss(gather=True, matryoshka=matryoshka))
+        loss.backward()
+        grad = encoder.weight.grad.clone()
+        dist.all_reduce(grad)  # what DDP does with parameter gradients
+        mean_loss = loss.detach().clone()
+        dist.all_reduce(mean_loss)
+        if rank == 0:
+            torch.save({"loss": mean_loss / WORLD, "grad": grad / WORLD}, out_path)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("matryoshka", [False, True], ids=["plain", "matryoshka"])
+def test_two_processes_with_three_negatives_and_grad_cache_match_one_process(tmp_path, matryoshka):
+    out_path = str(tmp_path / "rank0.pt")
+    mp.start_processes(_negatives_worker, args=(_free_port(), out_path, matryoshka), nprocs=WORLD, join=True,
+                       start_method="spawn")
+    result = torch.load(out_path)
+
+    encoder, columns = _negatives_setup()
+    # one process, the global batch at once: every anchor ranks its positive among all 4 x 2B candidates
+    loss = _negatives_loss(gather=False, matryoshka=matryoshka)([encoder(c) for c in columns])
+    loss.backward()
+    assert torch.allclose(result["loss"], loss.detach(), atol=1e-12)
+    assert torch.allclose(result["grad"], encoder.weight.grad, atol=1e-12)
+    # the negatives matter: without them the loss differs
+    without = _negatives_loss(gather=False, matryoshka=matryoshka)([encoder(c) for c in columns[:2]])
+    assert not torch.allclose(without, loss)

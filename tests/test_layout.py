@@ -17,7 +17,7 @@ from tests.test_train import objective_config
 # Lowest first: a package may import its own layer and those below it, never one above. The encoders
 # stand alone (a model needs no data module); the data modules use their padding rule.
 LAYERS = ["encoders", "datamodules", "lightning_modules", "harness", "scripts"]
-SCRIPTS = {"train", "evaluate", "stage", "benchmarks", "experiments", "notebooks", "tests"}
+SCRIPTS = {"train", "evaluate", "stage", "mine", "benchmarks", "experiments", "notebooks", "tests"}
 
 
 def layer_of(module: str) -> str | None:

@@ -48,11 +48,12 @@ def test_wheel_holds_every_imported_package_and_no_foreign_top_level_module(whee
                     imported.add(node.module.split(".")[0])
                 elif isinstance(node, ast.Import):
                     imported.update(a.name.split(".")[0] for a in node.names)
-    project_dirs = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()} | {"train", "evaluate"}
+    project_dirs = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()} | {"train", "evaluate", "mine"}
     assert imported & (project_dirs - {"configs"}) <= OWN_PACKAGES  # never train, evaluate, tests, ...
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "sentemb-train = harness.launch:train" in text and "sentemb-evaluate = harness.launch:evaluate" in text
+    assert "sentemb-mine = harness.mine_cli:main" in text
 
 
 @pytest.mark.slow
@@ -76,7 +77,7 @@ def test_installed_entry_points_run_outside_the_clone(wheel, tmp_path, tiny_mode
                            cwd=elsewhere, env=env, capture_output=True, text=True, check=True).stdout
     assert str(env_dir) in where, f"harness imported from {where}, not from the installed wheel"
 
-    for script in ("sentemb-train", "sentemb-evaluate", "sentemb-stage"):
+    for script in ("sentemb-train", "sentemb-evaluate", "sentemb-stage", "sentemb-mine"):
         result = run(script, "--help")
         assert result.returncode == 0 and f"usage: {script}" in result.stdout, result.stderr[-2000:]
     shipped = run("sentemb-configs")
