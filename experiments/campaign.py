@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import fcntl
+import glob as globlib
 import itertools
 import os
 import signal
@@ -100,7 +101,7 @@ class Job:
     needs: tuple[Need, ...] = ()
     kin: tuple[str, ...] = ()  # studies whose wall times estimate this one's
     steps: int | None = None  # optimizer steps it trains: a kin record's wall time is scaled to them
-    done_glob: str | None = None  # a benchmark-style job: done when this glob under the records finds a file
+    done_glob: str | None = None  # a job that writes no cell record: done when this glob finds a file
     task: int | None = None  # the cell's index in its grid (grid.py --task)
 
     @property
@@ -179,6 +180,35 @@ def build_plan(args: argparse.Namespace) -> Plan:
         plan.grid(name, part, lambda n=name, c=configs, s=sets: objectives.grid(
             ob, n, c, tuple(x.format(data=data) for x in (*s, "data.init_args.sts_dir={data}/sts")), "--seeds", "42"))
 
+    # 2b. the newer rows: mining first (one file, by the start model), then each row's dev grid and seeds, then the
+    # Matryoshka row and plain MNR scored at each truncation (an evaluation of each seed's chosen checkpoint)
+    part = "2b mined, matryoshka"
+    mined = objectives.MINED.format(out=args.out)
+    plan.jobs.append(Job("mined_nli", "base", 42, part, lambda: [
+        sys.executable, str(ROOT / "mine.py"), "--inputs", f"[{data}/nli/snli.test.tsv,{data}/nli/mnli.dev_matched.tsv]",
+        "--model", objectives.START, "--output", mined, *objectives.MINE], done_glob=mined))
+    for name, (configs, sets) in objectives.NEWER.items():
+        sets = tuple(x.format(out=args.out) for x in sets)
+        base = (Need("mined_nli"),) if name == "mnr_mined" else ()
+        dev = f"objectives_dev_{name}"
+        plan.grid(dev, part, lambda c=configs, s=sets, d=dev: objectives.grid(
+            ob, d, (*c, objectives.BUDGET), s, "--select", "best", "--dev_only", "--vary",
+            f"{M}lr={','.join(objectives.LRS)}", "--seeds", "42"), vary=lrs, needs=lambda seed, b=base: b,
+            kin=("objectives_dev_mnr",), steps=OBJECTIVE_STEPS)
+        plan.grid(f"objectives_{name}", part, lambda n=name, c=configs, s=sets: _test_grid(ob, n, c, s),
+                  seeds=test_seeds, needs=lambda seed, d=dev, b=base: (Need(d), *b), kin=(dev, "objectives_dev_mnr"),
+                  steps=OBJECTIVE_STEPS)
+    for name in ("mnr", "mnr_matryoshka"):
+        for dim in objectives.TRUNCATE_DIMS:
+            for seed in test_seeds:
+                study = f"objectives_{name}_dim{dim}"
+                plan.grid(study, part, lambda n=name, st=study, d=dim, s=seed: [
+                    sys.executable, str(ROOT / "experiments" / "grid.py"), "--name", st, "--model",
+                    f"{args.out}/objectives_{n}/base/seed{s}/model.ckpt", "--seeds", str(s), "--sts_dir",
+                    f"{data}/sts", "--eval_arg", f"--truncate_dim={d}", "--eval_precision", "32", "--threads",
+                    str(args.threads), "--records", str(args.records), "--out", str(args.out)],
+                    seeds=(seed,), needs=lambda _, n=name, s=seed: (Need(f"objectives_{n}", s),), kin=("start_mean",))
+
     # 3. the start's transfer rows: its pipeline's unit vectors and the raw pooled ones
     for i, name in enumerate(("protocol_start_transfer", "protocol_start_transfer_raw")):
         plan.grid(name, "3 transfer", lambda i=i: proto.stage_transfer()[i], kin=("start_mean",))
@@ -187,7 +217,8 @@ def build_plan(args: argparse.Namespace) -> Plan:
     if "film_pairs" not in CUT:
         plan.jobs.append(Job("film_pairs", "base", 42, "4 film pairs", lambda: [
             sys.executable, str(ROOT / "experiments" / "film_pairs.py"), "--sts_dir", f"{data}/sts", "--record",
-            "--threads", str(args.threads)], kin=("start_mean",), done_glob="benchmarks/film_pairs/*.json"))
+            "--threads", str(args.threads)], kin=("start_mean",),
+            done_glob=str(Path(args.records) / "benchmarks" / "film_pairs" / "*.json")))
     return plan
 
 
@@ -212,7 +243,7 @@ class State:
 
     def done(self, job: Job) -> bool:
         if job.done_glob is not None:
-            return any(self.root.glob(job.done_glob))
+            return bool(globlib.glob(job.done_glob))
         return job.key in self.done_keys
 
     def ready(self, job: Job) -> bool:
@@ -324,7 +355,10 @@ class Runner:
         log = open(self.args.out / "campaign.log", "a")
         log.write(f"\n== {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M:%S} {job.key}\n")
         log.flush()
-        child = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        threads = str(self.args.threads)
+        env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads, HF_HUB_OFFLINE="1",
+                   TOKENIZERS_PARALLELISM="false")
+        child = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         self.running[job.key] = (job, child, time.time())
 

@@ -60,6 +60,18 @@ FILM = {
                                                                     "snli.test.tsv]", "model.init_args.encode_precision=32")),
     "film_deep_triplet": (("configs/film_deep_triplet.yaml", "configs/overlays/offline_nli.yaml", BUDGET), ()),
 }
+# Two rows of what embedding trainers reach for now, on the same dev budget (run by experiments/campaign.py, which
+# mines the file first): MNR with three mined negatives per anchor, beside MNR with NLI's contradiction, and MNR
+# with Matryoshka dimensions, beside plain MNR, each scored at the first TRUNCATE_DIMS dimensions too
+MINED = "{out}/mined/nli_minilm_3neg.tsv"
+MINE = ("--num_negatives", "3", "--range_max", "30", "--relative_margin", "0.05")  # configs/mnr_nli/mined.yaml's
+NEWER: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "mnr_mined": (("configs/mnr_nli.yaml", "configs/overlays/offline_nli.yaml", "configs/mnr_nli/mined.yaml"),
+                  (f"data.init_args.train_sources=[{MINED}]",)),
+    "mnr_matryoshka": (("configs/mnr_nli.yaml", "configs/overlays/offline_nli.yaml", "configs/mnr_nli/matryoshka.yaml"),
+                       ()),
+}
+TRUNCATE_DIMS = (256, 128, 64, 32)  # 384, the whole embedding, is the row itself
 STAGES = ("dev", "test", "start", "film", "dclr")
 
 

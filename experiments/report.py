@@ -670,7 +670,7 @@ def check_choices(data: list[dict]) -> None:
     import objectives as ob
 
     expected: dict[str, tuple[dict[str, str] | None, str]] = {}
-    for name in (*ob.OBJECTIVES, "dclr"):
+    for name in (*ob.OBJECTIVES, *ob.NEWER, "dclr"):
         chosen = ob.choose(records.select(data, f"objectives_dev_{name}"))
         expected[f"objectives_{name}"] = ({"model.init_args.lr": lr_of(chosen)} if chosen else None,
                                           f"objectives_dev_{name}")

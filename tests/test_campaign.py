@@ -313,3 +313,36 @@ def test_every_cell_that_can_be_built_now_trains_and_evaluates_in_fp32(tmp_path)
         if "--eval_precision" in command:
             assert command[command.index("--eval_precision") + 1] == "32", job.key
     assert built >= 30  # the dev grids, FILM and the transfer rows
+
+
+def test_the_newer_rows_mine_first_and_score_each_seeds_checkpoint_at_each_truncation(tmp_path):
+    import glob as globlib
+
+    import objectives
+
+    args = plan_args(tmp_path)
+    plan = campaign.build_plan(args)
+    state = campaign.State(plan, args.records)
+    ready = keys(plan, state)
+    mine = next(j for j in plan.jobs if j.study == "mined_nli")
+    assert mine.key in ready and not any(k.startswith("objectives_dev_mnr_mined/") for k in ready)
+    command = mine.command()
+    output = command[command.index("--output") + 1]
+    assert output == mine.done_glob and command[command.index("--relative_margin") + 1] == "0.05"
+    dev = next(j for j in plan.jobs if j.study == "objectives_dev_mnr_mined")
+    assert f"data.init_args.train_sources=[{output}]" in dev.command()
+    # the mined file lands: its dev grid is ready; Matryoshka's needed nothing
+    os.makedirs(os.path.dirname(output))
+    open(output, "w").close()
+    assert globlib.glob(mine.done_glob)
+    ready = keys(plan, campaign.State(plan, args.records))
+    assert "objectives_dev_mnr_mined/lr=1e-5/seed42" in ready and "objectives_dev_mnr_matryoshka/lr=1e-5/seed42" in ready
+    # each truncation of each seed's chosen checkpoint, once that seed's test cell has a record
+    trunc = [j for j in plan.jobs if j.study == "objectives_mnr_matryoshka_dim64"]
+    assert sorted(j.seed for j in trunc) == [42, 43, 44]
+    assert [n.study for n in trunc[0].needs] == ["objectives_mnr_matryoshka"] and trunc[0].needs[0].seed == 42
+    command = trunc[0].command()
+    assert command[command.index("--model") + 1] == f"{args.out}/objectives_mnr_matryoshka/base/seed42/model.ckpt"
+    assert "--truncate_dim=64" in command and command[command.index("--seeds") + 1] == "42"
+    assert {j.study for j in plan.jobs if "_dim" in j.study} == {
+        f"objectives_{n}_dim{d}" for n in ("mnr", "mnr_matryoshka") for d in objectives.TRUNCATE_DIMS}
