@@ -23,7 +23,8 @@ from encoders.hub import ModelResolutionError
 from lightning_modules.base import SentenceEmbeddingModule
 
 from .allocator import keep_freed_memory
-from .arguments import HELP_HINT, CommandLineError, explain, help_formatter, resolve_config_args
+from .arguments import (HELP_HINT, CommandLineError, explain, help_formatter, join_negative_values,
+                        resolve_config_args)
 from .checkpoint import AtomicCheckpointIO, CheckpointError, CheckpointWriteError, load_checkpoint, resume_checkpoint
 from .checkpointing import PeriodicCheckpoint, SaveFinalState, checkpoint_dirs
 from .config_files import check_config_files
@@ -121,9 +122,9 @@ configs from any directory (`sentemb-configs` lists them). A key that does not e
                                    "formatter_class": help_formatter(),
                                    **kwargs.get("parser_kwargs", {})}
         if args is None:  # a script's own command line (Lightning warns when args and sys.argv both speak)
-            sys.argv[1:] = resolve_config_args(sys.argv[1:])
+            sys.argv[1:] = join_negative_values(resolve_config_args(sys.argv[1:]))
         else:
-            args = resolve_config_args(args)
+            args = join_negative_values(resolve_config_args(args))
         super().__init__(
             SentenceEmbeddingModule, SentenceDataModule, subclass_mode_model=True, subclass_mode_data=True,
             run=False, args=args, **kwargs,

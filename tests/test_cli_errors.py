@@ -178,3 +178,70 @@ def test_every_command_names_itself_and_shows_an_offline_example(script):
     assert "SENTEMB_DATA" in result.stdout and "HF_HUB_OFFLINE=1" in result.stdout
     if script == "train.py":  # the common options on a screen; --help_all for every option
         assert len(result.stdout.splitlines()) < 60 and "--help_all" in result.stdout
+
+
+# -- a config that is not one, a value that is not valid, a negative number ----------------------------------
+def test_a_config_that_is_not_yaml_names_the_file_and_line(tmp_path, capsys):
+    path = tmp_path / "overlay.yaml"
+    path.write_text("trainer:\n  max_steps: 10\nmodel: [a, b\ndata: 1\n")
+    lines = errors_of(train.main, ["--config", "configs/quickstart.yaml", "--config", str(path)], capsys)
+    assert lines[0].startswith(f"error: {path}:4: not valid YAML: ") and "expected ',' or ']'" in lines[0]
+
+
+def test_a_table_given_as_a_config_is_named_as_one(tmp_path, capsys):
+    table = "tests/fixtures/sts/stsb.dev.tsv"
+    lines = errors_of(train.main, ["--config", "configs/quickstart.yaml", "--config", table], capsys)
+    assert lines[0].startswith(f"error: {table}: not a config: it reads as a table of data (tab-separated")
+
+
+def test_a_config_that_holds_no_mapping_is_refused(tmp_path, capsys):
+    path = tmp_path / "list.yaml"
+    path.write_text("- model\n- data\n")
+    lines = errors_of(train.main, ["--config", "configs/quickstart.yaml", "--config", str(path)], capsys)
+    assert lines[0].startswith(f"error: {path}: not a config: ") and "a list" in lines[0]
+
+
+def test_a_wrong_value_in_a_config_file_names_the_key_line_and_nearest_value(tmp_path, capsys):
+    path = tmp_path / "overlay.yaml"
+    path.write_text("model:\n  init_args:\n    encoder:\n      init_args:\n        pooling: maen\n")
+    lines = errors_of(train.main, ["--config", "configs/quickstart.yaml", "--config", str(path)], capsys)
+    assert lines[0].startswith(f"error: {path}:5: model.init_args.encoder.init_args.pooling: 'maen' is not one of ")
+    assert lines[0].endswith("; did you mean mean?")
+
+
+def test_a_negative_number_as_its_own_argument_is_a_value(tmp_path, capsys):
+    from harness.cli import SentenceCLI
+
+    cli = SentenceCLI(args=["--config", "configs/quickstart.yaml", "--model.init_args.alignment_threshold", "-1e-1",
+                            "--trainer.default_root_dir", str(tmp_path)])
+    assert cli.model.hparams.alignment_threshold == -0.1
+    # the value reaches the objective, which says what is wrong with it
+    lines = errors_of(train.main, ["--config", "configs/quickstart.yaml", "--model.init_args.lr", "-1e-5"], capsys)
+    assert [line for line in lines if line.startswith("error:")] == ["error: lr must be positive, got -1e-05"]
+
+
+def test_a_bare_batch_size_is_offered_the_training_one(tmp_path, capsys):
+    lines = errors_of(train.main, ["--config", "configs/quickstart.yaml", "--data.init_args.batch_sise", "8"], capsys)
+    assert lines[0] == ("error: unknown option --data.init_args.batch_sise; did you mean "
+                        "--data.init_args.per_device_batch_size?")
+    path = tmp_path / "overlay.yaml"
+    path.write_text("data:\n  init_args:\n    batch_sise: 8\n")
+    lines = errors_of(train.main, ["--config", "configs/quickstart.yaml", "--config", str(path)], capsys)
+    assert lines[0].endswith("did you mean data.init_args.per_device_batch_size?")
+
+
+@pytest.mark.parametrize("word, choices, meant", [
+    ("batch_sise", ["eval_batch_size", "per_device_batch_size", "max_length"], "per_device_batch_size"),
+    ("eval_batch_sise", ["eval_batch_size", "per_device_batch_size"], "eval_batch_size"),
+    ("data.init_args.batch_size", ["data.init_args.eval_batch_size", "data.init_args.per_device_batch_size"],
+     "data.init_args.per_device_batch_size"),
+    ("trainer.max_step", ["trainer.max_steps", "trainer.max_epochs", "trainer.min_steps"], "trainer.max_steps"),
+    ("lrr", ["lr", "temperature", "weight_decay"], "lr"),
+    ("model.init_args.encodr.init_args.pooling", ["model.init_args.encoder.init_args.pooling", "model.init_args.lr"],
+     "model.init_args.encoder.init_args.pooling"),
+    ("zzz", ["lr", "temperature"], None),
+])
+def test_the_nearest_key_reads_words_not_letters(word, choices, meant):
+    from harness.arguments import nearest
+
+    assert nearest(word, choices) == meant
