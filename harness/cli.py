@@ -222,6 +222,50 @@ def check_output_dirs(trainer) -> None:
                 from None
 
 
+def warn(message: str) -> None:
+    """One ``warning:`` line on stderr (Lightning's warnings print the file and line of their source as well)."""
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def processes_warning(trainer) -> str | None:
+    """The warning for more CPU processes than the cores this process may use: each one then waits for a core,
+    and the run is slower than with fewer."""
+    from lightning.pytorch.accelerators import CPUAccelerator
+
+    cores = usable_cores()
+    if isinstance(trainer.accelerator, CPUAccelerator) and trainer.num_devices > cores:
+        return (f"--trainer.devices {trainer.num_devices} starts {trainer.num_devices} training processes on "
+                f"{cores} CPU core(s): they take turns on the cores, so the run is slower than with "
+                f"--trainer.devices {cores}")
+    return None
+
+
+SCHEDULE_LENGTH_KEYS = ("max_steps", "max_epochs")
+DECAYING_SCHEDULES = ("linear", "cosine")  # their curve spans the whole run; constant_with_warmup ends flat
+
+
+def schedule_warning(path: str, checkpoint: dict, model) -> str | None:
+    """The warning for a continuation whose run length differs from the checkpoint's run: a decaying
+    learning-rate schedule (and its warmup) is laid over the run's total steps, so the remaining steps follow
+    another curve than the original run's."""
+    scheduler = model.hparams.get("scheduler")
+    if scheduler not in DECAYING_SCHEDULES or not checkpoint.get("run_config") or not model.run_config:
+        return None
+    before = (yaml.safe_load(checkpoint["run_config"]) or {}).get("trainer") or {}
+    now = (yaml.safe_load(model.run_config) or {}).get("trainer") or {}
+    changed = [f"trainer.{k} {before.get(k)} -> {now.get(k)}" for k in SCHEDULE_LENGTH_KEYS
+               if before.get(k) != now.get(k)]
+    if not changed:
+        return None
+    return (f"{path}: {', '.join(changed)}: the {scheduler} learning-rate schedule spans the run's total steps, so "
+            f"from step {checkpoint.get('global_step')} on it follows another curve than the checkpoint's run "
+            "(keep the run's length for the same curve; scheduler constant_with_warmup stays flat after warmup)")
+
+
 def resolve_resume(ckpt_path: str | None, trainer, model) -> str | None:
     """The checkpoint ``fit`` resumes from, checked before any training.
 
@@ -253,6 +297,8 @@ def resolve_resume(ckpt_path: str | None, trainer, model) -> str | None:
         if key in mine and tuple(mine[key].shape) != tuple(value.shape):
             raise CheckpointError(f"{path}: weight {key} has shape {list(value.shape)}, this model's "
                                   f"{list(mine[key].shape)}; resume with the config it was trained with")
+    if trainer.is_global_zero and (message := schedule_warning(path, checkpoint, model)) is not None:
+        warn(message)
     return path
 
 
