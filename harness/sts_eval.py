@@ -72,6 +72,9 @@ def evaluate_sts(
                 rows.setdefault(s, len(rows))
         new[task] = list(rows)[before:] if len(rows) > before else []
     report = Progress("STS", {t: len(new[t]) for t in tasks}, stream=progress) if progress is not None else None
+    if report is not None:  # the first task holds most of the distinct sentences: minutes on a CPU
+        report.begin(f"encoding {len(rows)} distinct sentences of {len(tasks)} task(s), {tasks[0]} first "
+                     f"({len(new[tasks[0]])}); a line as each task ends")
     chunks: list[torch.Tensor] = []
     results: dict[str, object] = {}
     subsets_out: dict[str, dict[str, float]] = {}
