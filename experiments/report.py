@@ -30,6 +30,8 @@ from objectives import LRS, choose  # noqa: E402
 from papers import PAPERS, SBERT_STSB, PaperRow  # noqa: E402
 from records import DEV, ROOT, STS  # noqa: E402
 
+from harness.figures import figure  # noqa: E402  (the one rounding rule: evaluate.py prints with it too)
+
 BLOCK = re.compile(r"(<!-- report:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /report:(?P=name) -->)", re.S)
 PAGES = ("README.md", "docs/RESULTS.md", "docs/results/objectives.md", "docs/results/simcse_dclr.md",
          "docs/PERFORMANCE.md", "docs/EVALUATION.md", "docs/FILM.md")
@@ -83,7 +85,7 @@ def test_records(found: list[dict]) -> list[dict]:
 def fmt(value: float | None, sign: bool = False) -> str:
     if value is None:
         return "—"
-    return f"{value:+.2f}" if sign else f"{value:.2f}"
+    return figure(value, sign=sign)
 
 
 def where(found: list[dict]) -> str:
@@ -134,7 +136,7 @@ def paper_text(row: PaperRow | None) -> str:
     if row is None:
         return "no paper figure on these tasks"
     metric = "avg" if "avg" in row.scores else next(iter(row.scores))
-    return f"{row.scores[metric]:.2f} {NAMES[metric]} ({row.row}; {row.citation})"
+    return f"{figure(row.scores[metric])} {NAMES[metric]} ({row.row}; {row.citation})"
 
 
 def start_table(all_records: list[dict]) -> str:
@@ -219,7 +221,7 @@ def front_findings(all_records: list[dict]) -> str:
         ("up", "these raise the seven-task average: "), ("down", "these lower it: "),
         ("noise", "these move it less than their seeds vary: "), ("one", "one seed so far: ")) if groups[key]]
     sentences[1:] = [s[0].upper() + s[1:] for s in sentences[1:]]
-    return f"From the mean-pooled start ({base:.2f}), over each choice's seeds, " + " ".join(sentences)
+    return f"From the mean-pooled start ({figure(base)}), over each choice's seeds, " + " ".join(sentences)
 
 
 # -- the speed figures: records of benchmarks/ (results/benchmarks/<name>/<date>-<processor>.json) -----------------
@@ -284,8 +286,8 @@ def speed_rows(bench: list[dict]) -> list[tuple[str, str, dict]]:
         f = evals["figures"]
         rows.append(("STS evaluation, the seven tasks of all-MiniLM-L6-v2 in fp32, each distinct sentence once / "
                      "each pair as it comes",
-                     f"**{f['sts_ours_s']:.0f} s** / {f['sts_plain_s']:.0f} s (averages {f['sts_ours_avg']:.2f} / "
-                     f"{f['sts_plain_avg']:.2f})", evals))
+                     f"**{f['sts_ours_s']:.0f} s** / {f['sts_plain_s']:.0f} s (averages {figure(f['sts_ours_avg'])} / "
+                     f"{figure(f['sts_plain_avg'])})", evals))
     if evals and "transfer_speedup" in evals["figures"]:
         f = evals["figures"]
         tasks = evals["notes"].get("tasks", [])
@@ -376,8 +378,8 @@ def perf_eval(data: Data) -> str:
     if "sts_ours_s" in f:
         lines += ["| STS, seven tasks, fp32 | seconds | seven-task average |", "|---|---|---|",
                   f"| ours: each distinct sentence once, by length | **{f['sts_ours_s']:.1f}** | "
-                  f"{f['sts_ours_avg']:.2f} |",
-                  f"| pair by pair: each subset's pairs as they come | {f['sts_plain_s']:.1f} | {f['sts_plain_avg']:.2f} |",
+                  f"{figure(f['sts_ours_avg'])} |",
+                  f"| pair by pair: each subset's pairs as they come | {f['sts_plain_s']:.1f} | {figure(f['sts_plain_avg'])} |",
                   ""]
     tasks = record["notes"].get("tasks", [])
     if "transfer_speedup" in f:
@@ -385,8 +387,8 @@ def perf_eval(data: Data) -> str:
                   "SentEval / ours |", "|---|---|---|---|---|---|"]
 
         def scores(task: str, side: str) -> str:
-            text = f"{f[f'{task}_{side}_acc']:.2f} (dev {f[f'{task}_{side}_devacc']:.2f})"
-            return text + (f", F1 {f[f'{task}_{side}_f1']:.2f}" if f"{task}_{side}_f1" in f else "")
+            text = f"{figure(f[f'{task}_{side}_acc'])} (dev {figure(f[f'{task}_{side}_devacc'])})"
+            return text + (f", F1 {figure(f[f'{task}_{side}_f1'])}" if f"{task}_{side}_f1" in f else "")
 
         for t in tasks:
             acc = f"{scores(t, 'senteval')} | {scores(t, 'ours')}"

@@ -266,3 +266,20 @@ def test_no_figure_is_typed_outside_the_generated_blocks():
             if re.search(r"(?<![\w.])\d{2,3}\.\d{2}(?![\w.])|(?<![\w.])\d+\.\d+x\b", line):
                 typed.append(f"{page}: {line.strip()[:120]}")
     assert typed == []
+
+
+def test_evaluate_and_the_docs_round_a_figure_by_one_rule():
+    """An STS average of 78.87498 is kept as 78.875 in its record: evaluate.py's table and the docs both show
+    78.88 (the record's four decimals, then two, a tie to the even digit on the decimal digits)."""
+    from harness.figures import figure
+    from harness.sts_eval import format_table
+    from harness.transfer import format_transfer_table
+
+    full, kept = 78.87498, round(78.87498, 4)
+    assert kept == 78.875
+    table = format_table({"m": {"stsb": full, "avg": full}}, ["stsb"])
+    assert table.splitlines()[-1] == "| m | 78.88 | 78.88 |"
+    assert report.fmt(kept) == report.fmt(full) == "78.88"
+    assert format_transfer_table({"m": {"mr": full}}, ["mr"]).splitlines()[-1] == "| m | 78.88 |"
+    assert [figure(v) for v in (78.865, 78.875, 78.8651, 0.125)] == ["78.86", "78.88", "78.87", "0.12"]
+    assert figure(-0.00001, sign=True) == "+0.00" and figure(1.2, sign=True) == "+1.20"
