@@ -173,8 +173,17 @@ def explain(err: ArgumentError | Exception, args: Sequence[str], reparse: Callab
     return f"--{key}: {leaf}" if key else leaf
 
 
-def print_shipped_configs() -> None:
+def print_shipped_configs(argv: Sequence[str] | None = None) -> None:
     """``sentemb-configs``: the folder of the shipped configs, then each config's path."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(
+        prog=os.path.basename(sys.argv[0]) or "sentemb-configs", allow_abbrev=False,
+        description="Print the folder of the shipped configs, then the path of each config (paper settings, "
+                    "their backbone overlays, configs/overlays/). Any of them runs from any folder as "
+                    "`sentemb-train --config configs/NAME.yaml`; copy one to change it.")
+    parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     root = shipped_config_dir()
     if root is None:
         raise SystemExit("error: no shipped configs found (neither a clone's configs/ nor the sentemb_configs package)")

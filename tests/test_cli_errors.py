@@ -245,3 +245,18 @@ def test_the_nearest_key_reads_words_not_letters(word, choices, meant):
     from harness.arguments import nearest
 
     assert nearest(word, choices) == meant
+
+
+def test_the_configs_command_answers_help(capsys):
+    from harness.arguments import print_shipped_configs
+
+    with pytest.raises(SystemExit) as exit_info:
+        print_shipped_configs(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: ") and "shipped configs" in out and "quickstart.yaml" not in out
+    with pytest.raises(SystemExit) as exit_info:
+        print_shipped_configs(["--lst"])
+    assert exit_info.value.code == 2
+    print_shipped_configs([])
+    assert "quickstart.yaml" in capsys.readouterr().out
