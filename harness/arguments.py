@@ -111,6 +111,21 @@ def join_negative_values(args: Sequence[str]) -> list[str]:
     return out
 
 
+CLONE_COMMANDS = {"python train.py": "sentemb-train", "python evaluate.py": "sentemb-evaluate",
+                  "python stage.py": "sentemb-stage"}
+
+
+def for_installed(text: str, prog: str) -> str:
+    """A help text as the command that prints it is run: from a clone (``train.py``) as written; installed
+    (``sentemb-train``), with the installed commands in place of a clone's scripts, and the docs named as the
+    repository's files, which a wheel does not hold."""
+    if prog.endswith(".py"):
+        return text
+    for script, command in CLONE_COMMANDS.items():
+        text = text.replace(script, command)
+    return re.sub(r"(?<!repository's )(?<![\w/])docs/(\w+\.md)", r"the repository's docs/\1", text)
+
+
 def _flat_keys(config) -> list[str]:
     """Every dotted key of a parsed config (a jsonargparse Namespace: its keys are already dotted)."""
     return [str(k) for k in config.keys()] if hasattr(config, "keys") else []

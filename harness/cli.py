@@ -23,7 +23,7 @@ from encoders.hub import ModelResolutionError
 from lightning_modules.base import SentenceEmbeddingModule
 
 from .allocator import keep_freed_memory
-from .arguments import (HELP_HINT, CommandLineError, explain, help_formatter, join_negative_values,
+from .arguments import (HELP_HINT, CommandLineError, explain, for_installed, help_formatter, join_negative_values,
                         resolve_config_args)
 from .checkpoint import AtomicCheckpointIO, CheckpointError, CheckpointWriteError, load_checkpoint, resume_checkpoint
 from .checkpointing import PeriodicCheckpoint, SaveFinalState, checkpoint_dirs
@@ -102,9 +102,10 @@ class SentenceCLI(LightningCLI):
     """
 
     EXAMPLES = """\
-Train a paper's setting, override any key, run it offline on local data:
+Train the quickstart (offline, its sample rows ship with the package), a paper's setting with any key
+overridden, or one offline on local data:
 
-  python train.py --config configs/sbert_nli_softmax.yaml
+  python train.py --config configs/quickstart.yaml
   python train.py --config configs/sbert_sts_regression.yaml --trainer.max_steps 200 --model.init_args.lr 3e-5
   python train.py --config configs/simcse_unsup.yaml --config configs/overlays/offline_wiki.yaml
 
@@ -117,7 +118,8 @@ configs from any directory (`sentemb-configs` lists them). A key that does not e
         kwargs.setdefault("save_config_kwargs", {"overwrite": False})
         kwargs.setdefault("save_config_callback", SaveConfig)
         # Errors are raised, not printed under a usage block; no prefix of an option stands for it.
-        kwargs["parser_kwargs"] = {"exit_on_error": False, "allow_abbrev": False, "description": self.EXAMPLES,
+        description = for_installed(self.EXAMPLES, os.path.basename(sys.argv[0]) or "train.py")
+        kwargs["parser_kwargs"] = {"exit_on_error": False, "allow_abbrev": False, "description": description,
                                    "usage": "%(prog)s --config CONFIG [--config OVERLAY ...] [--KEY VALUE ...]",
                                    "formatter_class": help_formatter(),
                                    **kwargs.get("parser_kwargs", {})}

@@ -262,10 +262,13 @@ def _is_hub(source: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     from .cli import exit_on_user_error
 
-    parser = argparse.ArgumentParser(prog=os.path.basename(sys.argv[0]) or "stage.py",
+    from .arguments import for_installed
+
+    prog = os.path.basename(sys.argv[0]) or "stage.py"
+    parser = argparse.ArgumentParser(prog=prog,
                                      usage="%(prog)s --config CONFIG [--config OVERLAY ...] [--KEY VALUE ...] --root DIR",
                                      description="Put what a config needs from the hub into a data root, for machines "
-                                                 "without the hub.", epilog=__doc__.split("\n\n", 1)[1],
+                                                 "without the hub.", epilog=for_installed(__doc__.split("\n\n", 1)[1], prog),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, default=None,
                         help="the data root to fill (default: $SENTEMB_DATA)")

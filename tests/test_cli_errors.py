@@ -260,3 +260,85 @@ def test_the_configs_command_answers_help(capsys):
     assert exit_info.value.code == 2
     print_shipped_configs([])
     assert "quickstart.yaml" in capsys.readouterr().out
+
+
+INSTALLED = {"sentemb-train": "harness.launch:train", "sentemb-evaluate": "harness.launch:evaluate",
+             "sentemb-stage": "harness.stage:main"}
+
+
+def _installed(command: str, *args: str, cwd, **env: str):
+    """``command`` as a wheel's entry point runs it: its own name in argv[0], from a folder outside the clone."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    module, function = INSTALLED[command].split(":")
+    code = f"import sys; sys.argv[0] = {command!r}; from {module} import {function}; sys.exit({function}())"
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+
+
+@pytest.mark.parametrize("command", list(INSTALLED))
+def test_the_installed_help_names_no_file_a_wheel_lacks(command, tmp_path):
+    import re
+
+    result = _installed(command, "--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = result.stdout
+    assert f"usage: {command}" in text
+    assert not re.search(r"python (train|evaluate|stage)\.py", text)
+    named = [text[:m.start()].split()[-2:] for m in re.finditer(r"docs/\w+\.md", text)]
+    assert named and all(before[-2:] == ["the", "repository's"] or before[-1].endswith("repository's")
+                         for before in named), named
+
+
+def test_the_first_example_of_the_installed_help_runs_without_the_hub(tmp_path, tiny_model_dir):
+    text = _installed("sentemb-train", "--help", cwd=tmp_path).stdout
+    examples = text.split("examples:\n", 1)[1].splitlines()
+    first = next(line.strip() for line in examples if line.strip() and not line.strip().startswith("#"))
+    assert first.startswith("sentemb-train --config configs/")
+    run = _installed("sentemb-train", *first.split()[1:], "--trainer.max_steps", "1", "--validate_first", "false",
+                     "--model.init_args.encoder.init_args.model_name", tiny_model_dir,
+                     "--trainer.default_root_dir", str(tmp_path / "runs"), cwd=tmp_path,
+                     HF_HUB_OFFLINE="1", HF_ENDPOINT="http://127.0.0.1:9")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert list((tmp_path / "runs").glob("lightning_logs/*/checkpoints/*.ckpt"))
+
+
+def _readme_commands(prefix: str) -> list[list[str]]:
+    import re
+    import shlex
+
+    from tests.conftest import ROOT
+
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    return [shlex.split(line.split("#", 1)[0])[2:] for block in blocks for line in block.splitlines()
+            if line.startswith(prefix)]
+
+
+def test_the_readme_opens_with_the_two_commands():
+    from tests.conftest import ROOT
+
+    text = (ROOT / "README.md").read_text()
+    first = text.split("```bash\n", 1)[1].split("```", 1)[0]
+    assert [line.split("#")[0].strip() for line in first.splitlines()] == ["make quickstart", "make test"]
+    assert text.index("make quickstart") < text.index("## Install")
+
+
+def test_the_tours_first_command_needs_no_hub(monkeypatch):
+    """The README's first ``python train.py`` line passes the hub check with the hub unreachable; a paper config
+    does not (the check is live)."""
+    from huggingface_hub import constants
+
+    from encoders.hub import hub_unreachable_reason
+    from harness.launch import hub_error
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    hub_unreachable_reason.cache_clear()
+    first = _readme_commands("python train.py")[0]
+    assert hub_error(first) is None, first
+    assert "cannot be reached" in hub_error(["--config", "configs/sbert_sts_regression.yaml"])
