@@ -27,12 +27,17 @@ def running_site_packages() -> list[str]:
     return list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
 
 
-def nested_venv(env_dir: Path) -> Path:
-    """A venv that sees the running interpreter's packages (torch, lightning, ...) but not the clone: a plain
-    path line in a ``.pth`` file adds those folders after the venv's own, and the ``.pth`` files inside them
-    (an editable install of the clone among them) are not read, so the wheel installed here is what imports."""
+def nested_venv(env_dir: Path, wheel: Path) -> Path:
+    """A venv with ``wheel`` installed that sees the running interpreter's packages (torch, lightning, ...) but not
+    the clone. The wheel goes in first, while the venv sees nothing else: pip would otherwise find the clone's
+    editable install (or its *.egg-info on PYTHONPATH) of the same version and install nothing. Then a plain path line in a ``.pth``
+    file adds the running interpreter's folders after the venv's own; the ``.pth`` files inside them (that
+    editable install among them) are not read, so the wheel installed here is what imports."""
     venv.EnvBuilder(system_site_packages=False, with_pip=False).create(env_dir)
     python = env_dir / "bin" / "python"
+    outside = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the clone (its *.egg-info) unseen too
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
+                   check=True, capture_output=True, text=True, timeout=300, env=outside)
     own = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                          capture_output=True, text=True, check=True).stdout.strip()
     (Path(own) / "running_interpreter.pth").write_text("".join(f"{p}\n" for p in running_site_packages()))
@@ -78,9 +83,7 @@ def test_wheel_holds_every_imported_package_and_no_foreign_top_level_module(whee
 @pytest.mark.slow
 def test_installed_entry_points_run_outside_the_clone(wheel, tmp_path, tiny_model_dir):
     env_dir = tmp_path / "venv"
-    python = nested_venv(env_dir)
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
-                   check=True, capture_output=True, text=True, timeout=300)
+    python = nested_venv(env_dir, wheel)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
