@@ -8,6 +8,7 @@ digits themselves (not on the binary float, where 78.865 is just below or above 
 """
 from __future__ import annotations
 
+import math
 from decimal import ROUND_HALF_EVEN, Decimal
 
 RECORD_PLACES = 4  # the decimals a record keeps of a score
@@ -15,6 +16,8 @@ RECORD_PLACES = 4  # the decimals a record keeps of a score
 
 def figure(value: float, places: int = 2, sign: bool = False) -> str:
     """``value`` rounded as a record keeps it, then to ``places`` decimals, ties to even (``+`` with ``sign``)."""
+    if not math.isfinite(value):
+        return f"{value:+}" if sign else f"{value}"
     kept = Decimal(repr(round(float(value), RECORD_PLACES)))
     shown = kept.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_EVEN)
     if shown == 0:

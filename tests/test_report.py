@@ -292,6 +292,7 @@ def test_evaluate_and_the_docs_round_a_figure_by_one_rule():
     assert format_transfer_table({"m": {"mr": full}}, ["mr"]).splitlines()[-1] == "| m | 78.88 |"
     assert [figure(v) for v in (78.865, 78.875, 78.8651, 0.125)] == ["78.86", "78.88", "78.87", "0.12"]
     assert figure(-0.00001, sign=True) == "+0.00" and figure(1.2, sign=True) == "+1.20"
+    assert figure(float("nan")) == "nan"
 
 
 def test_an_evaluation_only_record_is_named_as_one_and_the_paper_column_says_what_its_figure_is(project):
