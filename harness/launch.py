@@ -272,7 +272,7 @@ common options:
   --model.help CLASS            every option of one objective, e.g. --model.help SimCSE
   --help_all                    every option of every group (several hundred lines)
 
-docs/TRAINING.md has every config's paper setting; docs/CLUSTER.md the SLURM scripts.
+Every config's paper setting: docs/TRAINING.md; the SLURM scripts: docs/CLUSTER.md.
 """
 
 
