@@ -1,4 +1,5 @@
-"""What the benchmarks share: the machine's description, paired alternating timing, and the record of a run.
+"""What the benchmarks share: paired alternating timing, child processes, and (from ``harness.measurement``) the
+machine's description and the record of a run.
 
 The machines these run on are shared, so an absolute time says little: every benchmark
 compares programs measured in the same run, in turns (the order rotates every repetition,
@@ -23,48 +24,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-from harness import provenance  # noqa: E402
-
-
-def machine(threads: int | None = None) -> dict:
-    """The CPU model and its bf16 units, the GPU, cores, torch threads (``harness.provenance``), the torch
-    version and the load average when the measurement started."""
-    import torch
-
-    return {**provenance.machine(threads or torch.get_num_threads()), "torch": torch.__version__,
-            "load_avg_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
-
-
-RECORDS = ROOT / "results" / "benchmarks"
-
-
-def write_record(name: str, figures: dict[str, float | str], threads: int | None = None, notes: dict | None = None,
-                 root: Path = RECORDS) -> Path:
-    """The run's record, ``results/benchmarks/<name>/<date>-<processor>.json`` (a second run of a day on the same
-    processor gets ``-2``...; nothing is overwritten): the command, the machine (processor and its bf16/AMX units,
-    or the GPU; cores and threads), versions, commit and date, the data root (``$SENTEMB_DATA``, which the
-    docs print in place of its path), and ``figures``, the numbers a doc may show. ``experiments/report.py`` builds
-    the speed tables from these records."""
-    import datetime
-    import re
-
-    info = machine(threads)
-    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
-    slug = re.sub(r"[^a-z0-9]+", "-", (info.get("gpu") or info["cpu"]).lower()).strip("-")
-    if not info.get("gpu") and info["bf16_units"]:
-        slug += "-" + "-".join(u.replace("_", "") for u in info["bf16_units"])
-    folder = root / name
-    folder.mkdir(parents=True, exist_ok=True)
-    path, n = folder / f"{date}-{slug}.json", 1
-    while path.exists():
-        n += 1
-        path = folder / f"{date}-{slug}-{n}.json"
-    record = {"schema": 1, "benchmark": name, "command": ["python", *sys.argv], "machine": info,
-              "versions": provenance.versions(), "commit": provenance.commit(), "date": date,
-              "data_root": os.environ.get("SENTEMB_DATA"), "figures": figures, "notes": notes or {}}
-    path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    print(f"record: {path.relative_to(ROOT) if ROOT in path.parents else path}")
-    return path
+# shared with the studies in experiments/ from the layer below both (benchmarks never import experiments, nor they us)
+from harness.measurement import RECORDS, FixedBatches, machine, set_threads, write_record  # noqa: E402,F401
 
 
 def print_machine(info: dict) -> None:
@@ -83,14 +44,6 @@ def run_child(cmd: list[str], what: str) -> dict:
     if out.returncode != 0 or not lines:
         raise SystemExit(f"{what} failed (exit {out.returncode}):\n{out.stderr[-4000:]}")
     return json.loads(lines[-1])
-
-
-def set_threads(threads: int | None) -> int:
-    import torch
-
-    if threads:
-        torch.set_num_threads(threads)
-    return torch.get_num_threads()
 
 
 class Timings:
@@ -126,19 +79,3 @@ def median_ratio(numerator: list[float], denominator: list[float]) -> float:
 
 def spread(values: list[float]) -> str:
     return f"{min(values):.3g}-{max(values):.3g}"
-
-
-class FixedBatches:
-    """A batch sampler that yields precomputed batches of indices (a peer trainer handed our batches)."""
-
-    def __init__(self, batches: list[list[int]]) -> None:
-        self.batches = batches
-
-    def __iter__(self):
-        return iter(self.batches)
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def set_epoch(self, epoch: int) -> None:  # the trainer calls it each epoch
-        pass

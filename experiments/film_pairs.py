@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> dict:
         with open(args.output, "x") as f:
             json.dump(result, f, indent=2)
     if args.record:
-        from benchmarks.common import write_record
+        from harness.measurement import write_record
 
         figures = {f"{row['method']} {key}": round(float(row[key]), 4) for row in rows
                    for key in ("accuracy", "f1", "log_loss", "val_log_loss", "fit_s") if key in row}

@@ -30,6 +30,8 @@ from objectives import LRS, choose  # noqa: E402
 from papers import PAPERS, SBERT_STSB, PaperRow  # noqa: E402
 from records import DEV, ROOT, STS  # noqa: E402
 
+from harness.figures import figure  # noqa: E402  (the one rounding rule: evaluate.py prints with it too)
+
 BLOCK = re.compile(r"(<!-- report:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /report:(?P=name) -->)", re.S)
 PAGES = ("README.md", "docs/RESULTS.md", "docs/results/objectives.md", "docs/results/simcse_dclr.md",
          "docs/PERFORMANCE.md", "docs/EVALUATION.md", "docs/FILM.md")
@@ -83,13 +85,15 @@ def test_records(found: list[dict]) -> list[dict]:
 def fmt(value: float | None, sign: bool = False) -> str:
     if value is None:
         return "—"
-    return f"{value:+.2f}" if sign else f"{value:.2f}"
+    return figure(value, sign=sign)
 
 
 def where(found: list[dict]) -> str:
     """Machines, precisions and dates of a set of records, in words."""
     machines = sorted({machine_text(r) for r in found})
-    precisions = sorted({f"train {r['precision']['train']}, eval {r['precision']['eval']}" for r in found})
+    precisions = sorted({f"trained: train {r['precision']['train']}, eval {r['precision']['eval']}"
+                         if r["precision"].get("train") is not None else f"eval only: eval {r['precision']['eval']}"
+                         for r in found})  # an evaluation-only record (the start model) trained nothing
     dates = sorted({r["date"] for r in found})
     torch = sorted({r["versions"].get("torch") or "?" for r in found})
     return (f"{'; '.join(machines)}; torch {', '.join(torch)}; {'; '.join(precisions)}; "
@@ -134,7 +138,8 @@ def paper_text(row: PaperRow | None) -> str:
     if row is None:
         return "no paper figure on these tasks"
     metric = "avg" if "avg" in row.scores else next(iter(row.scores))
-    return f"{row.scores[metric]:.2f} {NAMES[metric]} ({row.row}; {row.citation})"
+    what = "seven-task avg" if metric == "avg" else f"{NAMES[metric]} only (no seven-task avg)"
+    return f"{figure(row.scores[metric])}, {what} ({row.row}; {row.citation})"
 
 
 def start_table(all_records: list[dict]) -> str:
@@ -219,7 +224,7 @@ def front_findings(all_records: list[dict]) -> str:
         ("up", "these raise the seven-task average: "), ("down", "these lower it: "),
         ("noise", "these move it less than their seeds vary: "), ("one", "one seed so far: ")) if groups[key]]
     sentences[1:] = [s[0].upper() + s[1:] for s in sentences[1:]]
-    return f"From the mean-pooled start ({base:.2f}), over each choice's seeds, " + " ".join(sentences)
+    return f"From the mean-pooled start ({figure(base)}), over each choice's seeds, " + " ".join(sentences)
 
 
 # -- the speed figures: records of benchmarks/ (results/benchmarks/<name>/<date>-<processor>.json) -----------------
@@ -284,8 +289,8 @@ def speed_rows(bench: list[dict]) -> list[tuple[str, str, dict]]:
         f = evals["figures"]
         rows.append(("STS evaluation, the seven tasks of all-MiniLM-L6-v2 in fp32, each distinct sentence once / "
                      "each pair as it comes",
-                     f"**{f['sts_ours_s']:.0f} s** / {f['sts_plain_s']:.0f} s (averages {f['sts_ours_avg']:.2f} / "
-                     f"{f['sts_plain_avg']:.2f})", evals))
+                     f"**{f['sts_ours_s']:.0f} s** / {f['sts_plain_s']:.0f} s (averages {figure(f['sts_ours_avg'])} / "
+                     f"{figure(f['sts_plain_avg'])})", evals))
     if evals and "transfer_speedup" in evals["figures"]:
         f = evals["figures"]
         tasks = evals["notes"].get("tasks", [])
@@ -376,8 +381,8 @@ def perf_eval(data: Data) -> str:
     if "sts_ours_s" in f:
         lines += ["| STS, seven tasks, fp32 | seconds | seven-task average |", "|---|---|---|",
                   f"| ours: each distinct sentence once, by length | **{f['sts_ours_s']:.1f}** | "
-                  f"{f['sts_ours_avg']:.2f} |",
-                  f"| pair by pair: each subset's pairs as they come | {f['sts_plain_s']:.1f} | {f['sts_plain_avg']:.2f} |",
+                  f"{figure(f['sts_ours_avg'])} |",
+                  f"| pair by pair: each subset's pairs as they come | {f['sts_plain_s']:.1f} | {figure(f['sts_plain_avg'])} |",
                   ""]
     tasks = record["notes"].get("tasks", [])
     if "transfer_speedup" in f:
@@ -385,8 +390,8 @@ def perf_eval(data: Data) -> str:
                   "SentEval / ours |", "|---|---|---|---|---|---|"]
 
         def scores(task: str, side: str) -> str:
-            text = f"{f[f'{task}_{side}_acc']:.2f} (dev {f[f'{task}_{side}_devacc']:.2f})"
-            return text + (f", F1 {f[f'{task}_{side}_f1']:.2f}" if f"{task}_{side}_f1" in f else "")
+            text = f"{figure(f[f'{task}_{side}_acc'])} (dev {figure(f[f'{task}_{side}_devacc'])})"
+            return text + (f", F1 {figure(f[f'{task}_{side}_f1'])}" if f"{task}_{side}_f1" in f else "")
 
         for t in tasks:
             acc = f"{scores(t, 'senteval')} | {scores(t, 'ours')}"
@@ -706,6 +711,30 @@ def render_page(text: str, rendered: dict[str, str], page: str) -> str:
     return BLOCK.sub(replace, text)
 
 
+# A result figure typed in prose: a score (two decimals, 10 to 999), a signed difference (+3.57), a speed ratio
+# (1.71x) or a difference in points (9.99 points). Hyperparameters (tau 0.05, lr 3e-5), versions (3.10, 2.13.0)
+# and fractions (0.3 %) are not figures.
+TYPED_FIGURE = re.compile(r"(?<![\w.])\d{2,3}\.\d{2}(?!\w|\.\d)|(?<![\w.])\d+\.\d+x\b"
+                          r"|(?<![\w.])[+\u2212-]\d+\.\d{2}(?!\w|\.\d)|(?<![\w.])\d+(?:\.\d+)? (?:points?|pp)\b")
+
+
+def typed_figures(root: Path = ROOT) -> list[str]:
+    """``page:line: figure`` for every result figure in README.md and docs/ outside a generated block: a figure
+    stands only where the records write it."""
+    found = []
+    for path in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
+        if not path.is_file():
+            continue
+        page = str(path.relative_to(root))
+        text = path.read_text()
+        blanked = BLOCK.sub(lambda m: "\n" * m.group(0).count("\n"), text)  # keep the line numbers
+        for number, line in enumerate(blanked.splitlines(), 1):
+            for match in TYPED_FIGURE.finditer(line):
+                found.append(f"{page}:{number}: {match.group(0)!r} typed outside a generated block: "
+                             f"{line.strip()[:100]}")
+    return found
+
+
 def run(root: Path = ROOT, records_dir: Path | None = None, check: bool = False) -> list[str]:
     """Rewrite (or, with ``check``, compare) every generated block and file; returns the differences found."""
     folder = records_dir or root / "results"
@@ -724,6 +753,8 @@ def run(root: Path = ROOT, records_dir: Path | None = None, check: bool = False)
         path = root / name
         outputs[name] = (path.read_text() if path.exists() else "", make(found))
     problems = [f"block {name!r} is placed in no page of {', '.join(PAGES)}" for name in BLOCKS if name not in placed]
+    if check:  # prose is the author's: the check names a typed figure, a rewrite leaves it to be moved by hand
+        problems += typed_figures(root)
     for name, (old, new) in outputs.items():
         if old != new:
             diff = "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True), name, name + " (from records)",
@@ -749,7 +780,8 @@ def main(argv: list[str] | None = None) -> int:
     for p in problems if args.check else unplaced:
         print(p, file=sys.stderr)
     if args.check and problems:
-        print("error: the docs differ from the records; run python experiments/report.py", file=sys.stderr)
+        print("error: the docs differ from the records (run python experiments/report.py) or quote a result "
+              "figure outside a generated block (move it into one)", file=sys.stderr)
         return 1
     if not args.check:
         for p in problems:

@@ -34,7 +34,7 @@ import os
 import tempfile
 import time
 
-from benchmarks.common import FixedBatches, set_threads
+from harness.measurement import FixedBatches, set_threads
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 NLI_FILES = ("nli/snli.test.tsv", "nli/mnli.dev_matched.tsv")

@@ -61,6 +61,71 @@ def resolve_config_args(args: Sequence[str]) -> list[str]:
     return out
 
 
+# A key named without a stage is the training one: `batch_size` means per_device_batch_size, not eval_batch_size.
+STAGE_WORDS = {"eval", "val", "test", "dev"}
+
+
+def _similarity(a: str, b: str) -> float:
+    return difflib.SequenceMatcher(None, a, b).ratio()
+
+
+def _word_score(word: str, candidate: str) -> float:
+    """How near a key's last part is to a candidate's, read word by word (``_``-separated): each word of the typo
+    matched to its nearest word of the candidate, averaged with the letters' similarity of the whole; a candidate
+    with a stage word (eval, val, ...) that the typo does not have scores low."""
+    words, theirs = word.lower().split("_"), candidate.lower().split("_")
+    coverage = sum(max(_similarity(w, t) for t in theirs) for w in words) / len(words)
+    score = (coverage + _similarity(word.lower(), candidate.lower())) / 2
+    return score - 0.5 if (set(theirs) & STAGE_WORDS) - set(words) else score
+
+
+def nearest(word: str, choices: Sequence[str], cutoff: float = 0.6) -> str | None:
+    """The valid key nearest to ``word``: among the keys beside it (the same dotted parent), by
+    :func:`_word_score` on the last part; otherwise the letters of the full key (``difflib``)."""
+    parent, _, last = word.rpartition(".")
+    siblings = [c for c in choices if c.rpartition(".")[0] == parent and c != word]
+    if siblings:
+        best = max(siblings, key=lambda c: _word_score(last, c.rpartition(".")[2]))
+        if _word_score(last, best.rpartition(".")[2]) >= cutoff:
+            return best
+    found = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
+    return found[0] if found else None
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def join_negative_values(args: Sequence[str]) -> list[str]:
+    """``--key -1e-5`` as ``--key=-1e-5``: argparse takes a value that starts with ``-`` and is not a plain
+    ``-1`` or ``-0.5`` (an exponent) for an option, and answers "expected one argument"."""
+    out = list(args)
+    for i in range(len(out) - 1, 0, -1):
+        before, value = out[i - 1], out[i]
+        if before.startswith("--") and "=" not in before and value.startswith("-") and _is_number(value):
+            out[i - 1:i + 1] = [f"{before}={value}"]
+    return out
+
+
+CLONE_COMMANDS = {"python train.py": "sentemb-train", "python evaluate.py": "sentemb-evaluate",
+                  "python stage.py": "sentemb-stage"}
+
+
+def for_installed(text: str, prog: str) -> str:
+    """A help text as the command that prints it is run: from a clone (``train.py``) as written; installed
+    (``sentemb-train``), with the installed commands in place of a clone's scripts, and the docs named as the
+    repository's files, which a wheel does not hold."""
+    if prog.endswith(".py"):
+        return text
+    for script, command in CLONE_COMMANDS.items():
+        text = text.replace(script, command)
+    return re.sub(r"(?<!repository's )(?<![\w/])docs/(\w+\.md)", r"the repository's docs/\1", text)
+
+
 def _flat_keys(config) -> list[str]:
     """Every dotted key of a parsed config (a jsonargparse Namespace: its keys are already dotted)."""
     return [str(k) for k in config.keys()] if hasattr(config, "keys") else []
@@ -118,13 +183,22 @@ def explain(err: ArgumentError | Exception, args: Sequence[str], reparse: Callab
             valid = _flat_keys(reparse(_drop_options(args, [relative])))
         except Exception:  # another error in the rest: no suggestion, this error still stands
             valid = []
-        near = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
-        return f"unknown option --{key}" + (f"; did you mean --{near[0]}?" if near else "")
+        near = nearest(key, valid)
+        return f"unknown option --{key}" + (f"; did you mean --{near}?" if near else "")
     return f"--{key}: {leaf}" if key else leaf
 
 
-def print_shipped_configs() -> None:
+def print_shipped_configs(argv: Sequence[str] | None = None) -> None:
     """``sentemb-configs``: the folder of the shipped configs, then each config's path."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(
+        prog=os.path.basename(sys.argv[0]) or "sentemb-configs", allow_abbrev=False,
+        description="Print the folder of the shipped configs, then the path of each config (paper settings, "
+                    "their backbone overlays, configs/overlays/). Any of them runs from any folder as "
+                    "`sentemb-train --config configs/NAME.yaml`; copy one to change it.")
+    parser.parse_args(sys.argv[1:] if argv is None else list(argv))
     root = shipped_config_dir()
     if root is None:
         raise SystemExit("error: no shipped configs found (neither a clone's configs/ nor the sentemb_configs package)")

@@ -23,7 +23,8 @@ from encoders.hub import ModelResolutionError
 from lightning_modules.base import SentenceEmbeddingModule
 
 from .allocator import keep_freed_memory
-from .arguments import HELP_HINT, CommandLineError, explain, help_formatter, resolve_config_args
+from .arguments import (HELP_HINT, CommandLineError, explain, for_installed, help_formatter, join_negative_values,
+                        resolve_config_args)
 from .checkpoint import AtomicCheckpointIO, CheckpointError, CheckpointWriteError, load_checkpoint, resume_checkpoint
 from .checkpointing import PeriodicCheckpoint, SaveFinalState, checkpoint_dirs
 from .config_files import check_config_files
@@ -103,9 +104,10 @@ class SentenceCLI(LightningCLI):
     """
 
     EXAMPLES = """\
-Train a paper's setting, override any key, run it offline on local data:
+Train the quickstart (offline, its sample rows ship with the package), a paper's setting with any key
+overridden, or one offline on local data:
 
-  python train.py --config configs/sbert_nli_softmax.yaml
+  python train.py --config configs/quickstart.yaml
   python train.py --config configs/sbert_sts_regression.yaml --trainer.max_steps 200 --model.init_args.lr 3e-5
   python train.py --config configs/simcse_unsup.yaml --config configs/overlays/offline_wiki.yaml
 
@@ -118,14 +120,15 @@ configs from any directory (`sentemb-configs` lists them). A key that does not e
         kwargs.setdefault("save_config_kwargs", {"overwrite": False})
         kwargs.setdefault("save_config_callback", SaveConfig)
         # Errors are raised, not printed under a usage block; no prefix of an option stands for it.
-        kwargs["parser_kwargs"] = {"exit_on_error": False, "allow_abbrev": False, "description": self.EXAMPLES,
+        description = for_installed(self.EXAMPLES, os.path.basename(sys.argv[0]) or "train.py")
+        kwargs["parser_kwargs"] = {"exit_on_error": False, "allow_abbrev": False, "description": description,
                                    "usage": "%(prog)s --config CONFIG [--config OVERLAY ...] [--KEY VALUE ...]",
                                    "formatter_class": help_formatter(),
                                    **kwargs.get("parser_kwargs", {})}
         if args is None:  # a script's own command line (Lightning warns when args and sys.argv both speak)
-            sys.argv[1:] = resolve_config_args(sys.argv[1:])
+            sys.argv[1:] = join_negative_values(resolve_config_args(sys.argv[1:]))
         else:
-            args = resolve_config_args(args)
+            args = join_negative_values(resolve_config_args(args))
         super().__init__(
             SentenceEmbeddingModule, SentenceDataModule, subclass_mode_model=True, subclass_mode_data=True,
             run=False, args=args, **kwargs,
@@ -231,6 +234,50 @@ def check_output_dirs(trainer) -> None:
                 from None
 
 
+def warn(message: str) -> None:
+    """One ``warning:`` line on stderr (Lightning's warnings print the file and line of their source as well)."""
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def usable_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def processes_warning(trainer) -> str | None:
+    """The warning for more CPU processes than the cores this process may use: each one then waits for a core,
+    and the run is slower than with fewer."""
+    from lightning.pytorch.accelerators import CPUAccelerator
+
+    cores = usable_cores()
+    if isinstance(trainer.accelerator, CPUAccelerator) and trainer.num_devices > cores:
+        return (f"--trainer.devices {trainer.num_devices} starts {trainer.num_devices} training processes on "
+                f"{cores} CPU core(s): they take turns on the cores, so the run is slower than with "
+                f"--trainer.devices {cores}")
+    return None
+
+
+SCHEDULE_LENGTH_KEYS = ("max_steps", "max_epochs")
+DECAYING_SCHEDULES = ("linear", "cosine")  # their curve spans the whole run; constant_with_warmup ends flat
+
+
+def schedule_warning(path: str, checkpoint: dict, model) -> str | None:
+    """The warning for a continuation whose run length differs from the checkpoint's run: a decaying
+    learning-rate schedule (and its warmup) is laid over the run's total steps, so the remaining steps follow
+    another curve than the original run's."""
+    scheduler = model.hparams.get("scheduler")
+    if scheduler not in DECAYING_SCHEDULES or not checkpoint.get("run_config") or not model.run_config:
+        return None
+    before = (yaml.safe_load(checkpoint["run_config"]) or {}).get("trainer") or {}
+    now = (yaml.safe_load(model.run_config) or {}).get("trainer") or {}
+    changed = [f"trainer.{k} {before.get(k)} -> {now.get(k)}" for k in SCHEDULE_LENGTH_KEYS
+               if before.get(k) != now.get(k)]
+    if not changed:
+        return None
+    return (f"{path}: {', '.join(changed)}: the {scheduler} learning-rate schedule spans the run's total steps, so "
+            f"from step {checkpoint.get('global_step')} on it follows another curve than the checkpoint's run "
+            "(keep the run's length for the same curve; scheduler constant_with_warmup stays flat after warmup)")
+
+
 def resolve_resume(ckpt_path: str | None, trainer, model) -> str | None:
     """The checkpoint ``fit`` resumes from, checked before any training.
 
@@ -262,6 +309,8 @@ def resolve_resume(ckpt_path: str | None, trainer, model) -> str | None:
         if key in mine and tuple(mine[key].shape) != tuple(value.shape):
             raise CheckpointError(f"{path}: weight {key} has shape {list(value.shape)}, this model's "
                                   f"{list(mine[key].shape)}; resume with the config it was trained with")
+    if trainer.is_global_zero and (message := schedule_warning(path, checkpoint, model)) is not None:
+        warn(message)
     return path
 
 

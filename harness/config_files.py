@@ -7,7 +7,8 @@ naming neither the file nor the key, and ``--print_config`` prints such a file w
 every ``--config`` file in order, merging them as jsonargparse does, and checks each key against the parser's own
 keys and, under ``model`` and ``data`` (and a nested class such as the encoder), against the ``__init__``
 arguments of the class the merged configs name so far (following ``**kwargs`` to the base classes, as
-jsonargparse does). Values are left to jsonargparse: this only finds keys and classes that do not exist.
+jsonargparse does). Of the values, only a choice (``Literal``) is checked here, against its nearest valid one; a
+file that is not YAML, or not a config (a table of data), is named with its line.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from .arguments import CommandLineError
+from .arguments import CommandLineError, nearest
 
 # Parser keys whose values are class specifications or lists of them that Lightning itself resolves
 # (callbacks, loggers, plugins...): their inside is not checked here.
@@ -51,6 +52,49 @@ def _line_of(path: str, keys: Sequence[str]) -> int | None:
 def _near(word: str, choices: Sequence[str]) -> str | None:
     found = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return found[0] if found else None
+
+
+def literal_choices(annotation: Any) -> tuple[str, ...] | None:
+    """The string values a ``Literal[...]`` argument takes (also inside ``Optional``), or None."""
+    if typing.get_origin(annotation) is typing.Literal:
+        values = typing.get_args(annotation)
+        return values if all(isinstance(v, str) for v in values) else None
+    for arg in typing.get_args(annotation):
+        if (found := literal_choices(arg)) is not None:
+            return found
+    return None
+
+
+TABLE_SUFFIXES = (".tsv", ".csv", ".txt", ".jsonl")
+
+
+def read_config_file(path: str) -> Any:
+    """A ``--config`` file's YAML, or a CommandLineError naming the file (and line) when it is not a config:
+    text that is not YAML, a table of data, or YAML that holds no mapping of keys. None: the file cannot be
+    opened (jsonargparse names a missing file with the shipped configs)."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError):
+        return None
+    first = next((line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")), "")
+    if path.lower().endswith(TABLE_SUFFIXES) or ("\t" in first and ":" not in first.split("\t")[0]):
+        columns = "tab-separated" if "\t" in first else "comma-separated" if "," in first else "one per line"
+        raise CommandLineError(f"{path}: not a config: it reads as a table of data ({columns} columns: "
+                               f"{first[:60]!r}); a config is a YAML file of keys (model:, data:, trainer: ...), "
+                               "such as configs/quickstart.yaml")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        problem = " ".join(str(x) for x in (getattr(err, "problem", None), getattr(err, "context", None)) if x)
+        raise CommandLineError(f"{path}{f':{mark.line + 1}' if mark else ''}: not valid YAML: "
+                               f"{problem or str(err).splitlines()[0]}") from None
+    if data is not None and not isinstance(data, dict):
+        kind = {list: "a list", str: "a single string"}.get(type(data), f"a {type(data).__name__}")
+        raise CommandLineError(f"{path}: not a config: a config is a YAML mapping of keys (model:, data:, "
+                               f"trainer: ...), this file holds {kind}")
+    return data
 
 
 def init_arguments(cls: type) -> dict[str, Any]:
@@ -130,7 +174,7 @@ class _Checker:
             level = [k for k in self.keys if k.count(".") == dotted.count(".")
                      and k.rsplit(".", 1)[0] == dotted.rpartition(".")[0]] if "." in dotted else \
                 [k.split(".")[0] for k in self.keys]
-            near = _near(dotted, level) or _near(dotted, sorted(self.keys))
+            near = nearest(dotted, level) or nearest(dotted, sorted(self.keys))
             self.fail(where, path, f"unknown key {dotted}" + (f"; did you mean {near}?" if near else ""))
         if isinstance(value, dict):
             for key, inner in value.items():
@@ -160,9 +204,14 @@ class _Checker:
         for key, inner in [*init.items(), *loose.items()]:
             where_key = [*path, "init_args", str(key)] if key in init else [*path, str(key)]
             if key not in arguments:
-                near = _near(str(key), list(arguments))
+                near = nearest(str(key), list(arguments))
                 self.fail(where, where_key, f"unknown key {'.'.join(where_key)} ({cls.__name__} takes no {key!r})"
                           + (f"; did you mean {'.'.join([*where_key[:-1], near])}?" if near else ""))
+            choices = literal_choices(arguments[key])
+            if choices is not None and isinstance(inner, str) and inner not in choices:
+                near = _near(inner, choices)
+                self.fail(where, where_key, f"{'.'.join(where_key)}: {inner!r} is not one of {', '.join(choices)}"
+                          + (f"; did you mean {near}?" if near else ""))
             nested = _class_of(arguments[key])
             if isinstance(inner, (dict, str)) and nested is not None and not nested.__module__.startswith("builtins") \
                     and (isinstance(inner, dict) and ("class_path" in inner or "init_args" in inner)):
@@ -181,11 +230,7 @@ def check_config_files(args: Sequence[str], keys: set[str], subclasses: dict[str
         value = inline if eq else following
         i += 1 if eq or following is None else 2
         if name in ("--config", "-c") and value is not None:
-            try:
-                with open(value) as f:
-                    data = yaml.safe_load(f)
-            except (OSError, yaml.YAMLError):
-                continue  # jsonargparse says what is wrong with the file itself
+            data = read_config_file(value)
             if isinstance(data, dict):
                 for key, inner in data.items():
                     checker.walk(inner, [str(key)], value)

@@ -20,7 +20,7 @@ from datamodules import STS_TASKS
 from datamodules.sts import default_sts_dir
 from encoders.sentence import Pooling, SentenceEncoder
 from encoders.st_format import check_export_dir, check_exportable, check_truncate_dim
-from .arguments import CommandLineError, explain, help_formatter
+from .arguments import CommandLineError, explain, for_installed, help_formatter
 from .cli import exit_on_user_error
 from .config_files import check_config_files
 from .export import export_run
@@ -227,7 +227,8 @@ def _run_cli(args: list[str] | None) -> None:
 
     prog = os.path.basename(sys.argv[0]) or "evaluate.py"
     parser = ArgumentParser(prog=prog, exit_on_error=False, allow_abbrev=False,
-                            description=(evaluate.__doc__ or "").split("\n\n")[0] + "\n\n" + EXAMPLES.format(prog=prog),
+                            description=for_installed((evaluate.__doc__ or "").split("\n\n")[0] + "\n\n"
+                                                      + EXAMPLES.format(prog=prog), prog),
                             formatter_class=help_formatter())
     parser.add_argument("--config", action=ActionConfigFile, help="options from a YAML file")
     parser.add_function_arguments(evaluate, as_positional=False)

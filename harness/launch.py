@@ -243,8 +243,11 @@ Train any objective: a paper config, overlays merged after it in order, any key 
 own directory under trainer.default_root_dir with the resolved config.yaml, TensorBoard logs and checkpoints.
 
 examples:
+  # no hub and no data to fetch: the offline all-MiniLM-L6-v2 on the sample pairs that ship with the package
+  {prog} --config configs/quickstart.yaml
+  {prog} --config configs/quickstart.yaml --trainer.max_epochs 1 --model.init_args.lr 3e-5
+  # a paper's setting, its model and data from the hub
   {prog} --config configs/sbert_sts_regression.yaml
-  {prog} --config configs/sbert_sts_regression.yaml --trainer.max_steps 200 --model.init_args.lr 3e-5
   # without the hub: the offline model, the data root of docs/DATA.md, the CPU budget
   export SENTEMB_DATA=$HOME/sentemb-data HF_HUB_OFFLINE=1
   {prog} --config configs/simcse_unsup.yaml --config configs/overlays/offline_wiki.yaml \\
@@ -269,7 +272,7 @@ common options:
   --model.help CLASS            every option of one objective, e.g. --model.help SimCSE
   --help_all                    every option of every group (several hundred lines)
 
-docs/TRAINING.md has every config's paper setting; docs/CLUSTER.md the SLURM scripts.
+Every config's paper setting: docs/TRAINING.md; the SLURM scripts: docs/CLUSTER.md.
 """
 
 
@@ -278,7 +281,10 @@ def short_help(argv: list[str], text: str) -> list[str]:
     if "--help_all" in argv:
         return ["--help" if a == "--help_all" else a for a in argv]
     if "-h" in argv or "--help" in argv:
-        print(text.format(prog=os.path.basename(sys.argv[0]) or "train.py"))
+        from .arguments import for_installed
+
+        prog = os.path.basename(sys.argv[0]) or "train.py"
+        print(for_installed(text.format(prog=prog), prog))
         sys.exit(0)
     return argv
 

@@ -45,6 +45,11 @@ class Progress:
         spent = time.perf_counter() - self.start
         return spent / self.finished * (self.total - self.finished)
 
+    def begin(self, note: str) -> None:
+        """One line before the first step starts, so that a long first step is not silence."""
+        self.stream.write(f"{self.what}: {note}\n")
+        self.stream.flush()
+
     def done(self, step: str, note: str = "") -> None:
         self.finished += self.weights.get(step, 0.0)
         self.steps.append(step)

@@ -25,6 +25,7 @@ evaluation sets. A source that is already local is left where it is.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -85,6 +86,43 @@ def _file_name(source: str) -> str:
     return source.replace("/", "__").replace(":", ".")
 
 
+class StagingError(ValueError):
+    """Staging needs the hub and it has no answer here: one line naming what was being staged and the way on."""
+
+
+WAY_FORWARD = ("run stage.py (or sentemb-stage) on a machine where the hub answers (a login node) and point "
+               "SENTEMB_DATA at its root here, or skip staging: train with a configs/overlays/offline_*.yaml overlay "
+               "(the offline all-MiniLM-L6-v2) or give a local path")
+
+
+@contextlib.contextmanager
+def from_hub(what: str):
+    """Staging ``what`` (``model 'bert-base-uncased'``, a data source): a failure because the hub has no answer
+    (HF_HUB_OFFLINE set, or its host unreachable) becomes one line naming ``what`` and the way forward, in place
+    of huggingface_hub's advice, which offline would be to set HF_HUB_OFFLINE=0."""
+    from huggingface_hub import constants
+
+    from encoders.hub import hub_offline, hub_unreachable_reason, is_unreachable_error
+
+    try:
+        yield
+    except Exception as err:
+        from datamodules.io import DataError
+
+        # the data modules' own answer when the hub has none (it names the hub): reworded for staging
+        hub_data_error = isinstance(err, DataError) and "Hugging Face" in str(err)
+        if not (is_unreachable_error(err) or hub_data_error):
+            raise
+        if hub_offline():
+            raise StagingError(f"{what}: staging downloads from the Hugging Face hub, and HF_HUB_OFFLINE is set here; "
+                               f"{WAY_FORWARD}") from None
+        reason = hub_unreachable_reason(constants.ENDPOINT)
+        if reason is None and not is_unreachable_error(err):
+            raise  # the hub answers: the data error is the source's own
+        raise StagingError(f"{what}: staging downloads from the Hugging Face hub, which cannot be reached "
+                           f"({reason or type(err).__name__}); {WAY_FORWARD}") from None
+
+
 class Stager:
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -100,12 +138,17 @@ class Stager:
 
         target = self.root / "models" / name
         if not (target / "config.json").is_file() and not (target / "modules.json").is_file():
-            snapshot_download(name, local_dir=str(target))
+            with from_hub(f"model {name!r}"):
+                snapshot_download(name, local_dir=str(target))
         _set(self.overlay, path, f"{PLACEHOLDER}/models/{name}")
         self.say(f"model {name} -> {target}")
 
     def training(self, source: str, data_class: str) -> str:
         """Write one hub training source as a local file; returns its path under the placeholder."""
+        with from_hub(source):
+            return self._training(source, data_class)
+
+    def _training(self, source: str, data_class: str) -> str:
         from datamodules.io import fetch_hub_file, is_hub_file, load_source
         from datamodules.nli import LABELS, load_nli
         from datamodules.scored import load_sts_pairs
@@ -143,7 +186,8 @@ class Stager:
         from datamodules.sts import (SENTEVAL_SPLIT_FILES, SENTEVAL_SUBSETS, STS_TASKS, default_sts_dir, load_sts_task,
                                      read_senteval_split)
 
-        downstream = Path(default_sts_dir())
+        with from_hub("SentEval's STS and transfer data (SimCSE's senteval.tar)"):
+            downstream = Path(default_sts_dir())
         sts = self.root / "sts"
         for task in STS_TASKS:
             if task in SENTEVAL_SUBSETS:
@@ -220,10 +264,13 @@ def _is_hub(source: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     from .cli import exit_on_user_error
 
-    parser = argparse.ArgumentParser(prog=os.path.basename(sys.argv[0]) or "stage.py",
+    from .arguments import for_installed
+
+    prog = os.path.basename(sys.argv[0]) or "stage.py"
+    parser = argparse.ArgumentParser(prog=prog,
                                      usage="%(prog)s --config CONFIG [--config OVERLAY ...] [--KEY VALUE ...] --root DIR",
                                      description="Put what a config needs from the hub into a data root, for machines "
-                                                 "without the hub.", epilog=__doc__.split("\n\n", 1)[1],
+                                                 "without the hub.", epilog=for_installed(__doc__.split("\n\n", 1)[1], prog),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, default=None,
                         help="the data root to fill (default: $SENTEMB_DATA)")

@@ -16,6 +16,7 @@ from scipy.stats import spearmanr
 
 from datamodules import STS_TASKS, load_sts_task
 
+from .figures import figure
 from .progress import Progress
 
 
@@ -72,6 +73,9 @@ def evaluate_sts(
                 rows.setdefault(s, len(rows))
         new[task] = list(rows)[before:] if len(rows) > before else []
     report = Progress("STS", {t: len(new[t]) for t in tasks}, stream=progress) if progress is not None else None
+    if report is not None:  # the first task holds most of the distinct sentences: minutes on a CPU
+        report.begin(f"encoding {len(rows)} distinct sentences of {len(tasks)} task(s), {tasks[0]} first "
+                     f"({len(new[tasks[0]])}); a line as each task ends")
     chunks: list[torch.Tensor] = []
     results: dict[str, object] = {}
     subsets_out: dict[str, dict[str, float]] = {}
@@ -93,7 +97,7 @@ def evaluate_sts(
         subsets_out[task] = scores
         pairs_out[task] = sum(len(gold) for _, gold in subsets.values())
         if report is not None:
-            report.done(task, f"{results[task]:.2f} ({pairs_out[task]} pairs, {len(new[task])} new sentences)")
+            report.done(task, f"{figure(results[task])} ({pairs_out[task]} pairs, {len(new[task])} new sentences)")
     if report is not None:
         report.close()
     results["avg"] = float(np.mean([results[t] for t in tasks]))
@@ -103,9 +107,9 @@ def evaluate_sts(
 
 
 def format_table(rows: dict[str, dict[str, object]], tasks: Sequence[str] = STS_TASKS) -> str:
-    """A Markdown table: one row per model, Spearman x 100 with two decimals."""
+    """A Markdown table: one row per model, Spearman x 100 with two decimals (``harness.figures``: the docs' rule)."""
     header = "| model | " + " | ".join(t.upper().replace("SICKR", "SICK-R").replace("STSB", "STS-B") for t in tasks) + " | avg |"
     lines = [header, "|" + "---|" * (len(tasks) + 2)]
     for name, res in rows.items():
-        lines.append(f"| {name} | " + " | ".join(f"{res[t]:.2f}" for t in tasks) + f" | {res['avg']:.2f} |")
+        lines.append(f"| {name} | " + " | ".join(figure(res[t]) for t in tasks) + f" | {figure(res['avg'])} |")
     return "\n".join(lines)

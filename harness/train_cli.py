@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .cli import SentenceCLI, check_output_dirs, exit_on_user_error, resolve_resume
+from .cli import SentenceCLI, check_output_dirs, exit_on_user_error, processes_warning, resolve_resume, warn
 
 
 @exit_on_user_error
@@ -11,6 +11,8 @@ def main(args: list[str] | None = None) -> SentenceCLI:
     cli = SentenceCLI(args=args)
     cli.model.run_config = cli.parser.dump(cli.config, skip_none=False, skip_check=True)
     check_output_dirs(cli.trainer)
+    if cli.trainer.is_global_zero and (message := processes_warning(cli.trainer)) is not None:
+        warn(message)
     ckpt_path = resolve_resume(cli.config.ckpt_path, cli.trainer, cli.model)
     if cli.config.validate_first and ckpt_path is None:
         cli.trainer.validate(cli.model, datamodule=cli.datamodule, verbose=False)

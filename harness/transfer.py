@@ -48,6 +48,7 @@ import torch
 from datamodules.io import DataError
 from encoders.paths import data_path
 
+from .figures import figure
 from .progress import Progress
 
 TRANSFER_TASKS = ("mr", "cr", "subj", "mpqa", "sst2", "trec", "mrpc")
@@ -598,11 +599,11 @@ def format_transfer_table(rows: dict[str, dict[str, object]], tasks: Sequence[st
     for name, res in rows.items():
         cells = []
         for t in tasks:
-            cell = f"{res[t]:.2f}" if t in res else "-"
+            cell = figure(res[t]) if t in res else "-"
             if t == "mrpc" and "mrpc_f1" in res:
-                cell += f"/{res['mrpc_f1']:.2f}"
+                cell += f"/{figure(res['mrpc_f1'])}"
             cells.append(cell)
         if with_avg:
-            cells.append(f"{res['avg']:.2f}" if "avg" in res else "-")
+            cells.append(figure(res["avg"]) if "avg" in res else "-")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -178,3 +178,167 @@ def test_every_command_names_itself_and_shows_an_offline_example(script):
     assert "SENTEMB_DATA" in result.stdout and "HF_HUB_OFFLINE=1" in result.stdout
     if script == "train.py":  # the common options on a screen; --help_all for every option
         assert len(result.stdout.splitlines()) < 60 and "--help_all" in result.stdout
+
+
+# -- a config that is not one, a value that is not valid, a negative number ----------------------------------
+def test_a_config_that_is_not_yaml_names_the_file_and_line(tmp_path, capsys):
+    path = tmp_path / "overlay.yaml"
+    path.write_text("trainer:\n  max_steps: 10\nmodel: [a, b\ndata: 1\n")
+    lines = errors_of(train.main, ["--config", "configs/quickstart.yaml", "--config", str(path)], capsys)
+    assert lines[0].startswith(f"error: {path}:4: not valid YAML: ") and "expected ',' or ']'" in lines[0]
+
+
+def test_a_table_given_as_a_config_is_named_as_one(tmp_path, capsys):
+    table = "tests/fixtures/sts/stsb.dev.tsv"
+    lines = errors_of(train.main, ["--config", "configs/quickstart.yaml", "--config", table], capsys)
+    assert lines[0].startswith(f"error: {table}: not a config: it reads as a table of data (tab-separated")
+
+
+def test_a_config_that_holds_no_mapping_is_refused(tmp_path, capsys):
+    path = tmp_path / "list.yaml"
+    path.write_text("- model\n- data\n")
+    lines = errors_of(train.main, ["--config", "configs/quickstart.yaml", "--config", str(path)], capsys)
+    assert lines[0].startswith(f"error: {path}: not a config: ") and "a list" in lines[0]
+
+
+def test_a_wrong_value_in_a_config_file_names_the_key_line_and_nearest_value(tmp_path, capsys):
+    path = tmp_path / "overlay.yaml"
+    path.write_text("model:\n  init_args:\n    encoder:\n      init_args:\n        pooling: maen\n")
+    lines = errors_of(train.main, ["--config", "configs/quickstart.yaml", "--config", str(path)], capsys)
+    assert lines[0].startswith(f"error: {path}:5: model.init_args.encoder.init_args.pooling: 'maen' is not one of ")
+    assert lines[0].endswith("; did you mean mean?")
+
+
+def test_a_negative_number_as_its_own_argument_is_a_value(tmp_path, capsys):
+    from harness.cli import SentenceCLI
+
+    cli = SentenceCLI(args=["--config", "configs/quickstart.yaml", "--model.init_args.alignment_threshold", "-1e-1",
+                            "--trainer.default_root_dir", str(tmp_path)])
+    assert cli.model.hparams.alignment_threshold == -0.1
+    # the value reaches the objective, which says what is wrong with it
+    lines = errors_of(train.main, ["--config", "configs/quickstart.yaml", "--model.init_args.lr", "-1e-5"], capsys)
+    assert [line for line in lines if line.startswith("error:")] == ["error: lr must be positive, got -1e-05"]
+
+
+def test_a_bare_batch_size_is_offered_the_training_one(tmp_path, capsys):
+    lines = errors_of(train.main, ["--config", "configs/quickstart.yaml", "--data.init_args.batch_sise", "8"], capsys)
+    assert lines[0] == ("error: unknown option --data.init_args.batch_sise; did you mean "
+                        "--data.init_args.per_device_batch_size?")
+    path = tmp_path / "overlay.yaml"
+    path.write_text("data:\n  init_args:\n    batch_sise: 8\n")
+    lines = errors_of(train.main, ["--config", "configs/quickstart.yaml", "--config", str(path)], capsys)
+    assert lines[0].endswith("did you mean data.init_args.per_device_batch_size?")
+
+
+@pytest.mark.parametrize("word, choices, meant", [
+    ("batch_sise", ["eval_batch_size", "per_device_batch_size", "max_length"], "per_device_batch_size"),
+    ("eval_batch_sise", ["eval_batch_size", "per_device_batch_size"], "eval_batch_size"),
+    ("data.init_args.batch_size", ["data.init_args.eval_batch_size", "data.init_args.per_device_batch_size"],
+     "data.init_args.per_device_batch_size"),
+    ("trainer.max_step", ["trainer.max_steps", "trainer.max_epochs", "trainer.min_steps"], "trainer.max_steps"),
+    ("lrr", ["lr", "temperature", "weight_decay"], "lr"),
+    ("model.init_args.encodr.init_args.pooling", ["model.init_args.encoder.init_args.pooling", "model.init_args.lr"],
+     "model.init_args.encoder.init_args.pooling"),
+    ("zzz", ["lr", "temperature"], None),
+])
+def test_the_nearest_key_reads_words_not_letters(word, choices, meant):
+    from harness.arguments import nearest
+
+    assert nearest(word, choices) == meant
+
+
+def test_the_configs_command_answers_help(capsys):
+    from harness.arguments import print_shipped_configs
+
+    with pytest.raises(SystemExit) as exit_info:
+        print_shipped_configs(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: ") and "shipped configs" in out and "quickstart.yaml" not in out
+    with pytest.raises(SystemExit) as exit_info:
+        print_shipped_configs(["--lst"])
+    assert exit_info.value.code == 2
+    print_shipped_configs([])
+    assert "quickstart.yaml" in capsys.readouterr().out
+
+
+INSTALLED = {"sentemb-train": "harness.launch:train", "sentemb-evaluate": "harness.launch:evaluate",
+             "sentemb-stage": "harness.stage:main"}
+
+
+def _installed(command: str, *args: str, cwd, **env: str):
+    """``command`` as a wheel's entry point runs it: its own name in argv[0], from a folder outside the clone."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    module, function = INSTALLED[command].split(":")
+    code = f"import sys; sys.argv[0] = {command!r}; from {module} import {function}; sys.exit({function}())"
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **env})
+
+
+@pytest.mark.parametrize("command", list(INSTALLED))
+def test_the_installed_help_names_no_file_a_wheel_lacks(command, tmp_path):
+    import re
+
+    result = _installed(command, "--help", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    text = result.stdout
+    assert f"usage: {command}" in text
+    assert not re.search(r"python (train|evaluate|stage)\.py", text)
+    named = [text[:m.start()].split()[-2:] for m in re.finditer(r"docs/\w+\.md", text)]
+    assert named and all(before[-2:] == ["the", "repository's"] or before[-1].endswith("repository's")
+                         for before in named), named
+
+
+def test_the_first_example_of_the_installed_help_runs_without_the_hub(tmp_path, tiny_model_dir):
+    text = _installed("sentemb-train", "--help", cwd=tmp_path).stdout
+    examples = text.split("examples:\n", 1)[1].splitlines()
+    first = next(line.strip() for line in examples if line.strip() and not line.strip().startswith("#"))
+    assert first.startswith("sentemb-train --config configs/")
+    run = _installed("sentemb-train", *first.split()[1:], "--trainer.max_steps", "1", "--validate_first", "false",
+                     "--model.init_args.encoder.init_args.model_name", tiny_model_dir,
+                     "--trainer.default_root_dir", str(tmp_path / "runs"), cwd=tmp_path,
+                     HF_HUB_OFFLINE="1", HF_ENDPOINT="http://127.0.0.1:9")
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert list((tmp_path / "runs").glob("lightning_logs/*/checkpoints/*.ckpt"))
+
+
+def _readme_commands(prefix: str) -> list[list[str]]:
+    import re
+    import shlex
+
+    from tests.conftest import ROOT
+
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), re.S)
+    return [shlex.split(line.split("#", 1)[0])[2:] for block in blocks for line in block.splitlines()
+            if line.startswith(prefix)]
+
+
+def test_the_readme_opens_with_the_two_commands():
+    from tests.conftest import ROOT
+
+    text = (ROOT / "README.md").read_text()
+    first = text.split("```bash\n", 1)[1].split("```", 1)[0]
+    assert [line.split("#")[0].strip() for line in first.splitlines()] == ["make quickstart", "make test"]
+    assert text.index("make quickstart") < text.index("## Install")
+
+
+def test_the_tours_first_command_needs_no_hub(monkeypatch):
+    """The README's first ``python train.py`` line passes the hub check with the hub unreachable; a paper config
+    does not (the check is live)."""
+    from huggingface_hub import constants
+
+    from encoders.hub import hub_unreachable_reason
+    from harness.launch import hub_error
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    hub_unreachable_reason.cache_clear()
+    first = _readme_commands("python train.py")[0]
+    assert hub_error(first) is None, first
+    assert "cannot be reached" in hub_error(["--config", "configs/sbert_sts_regression.yaml"])

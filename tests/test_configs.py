@@ -4,6 +4,7 @@ from __future__ import annotations
 import glob
 import importlib
 import inspect
+import re
 from pathlib import Path
 from typing import Any
 
@@ -78,3 +79,44 @@ def test_no_config_key_repeats_the_default(config):
     if Path(config).parent.name == "dclr":
         base = yaml.safe_load((ROOT / "configs" / "dclr.yaml").read_text())
     assert config_keys_at_default(config, base) == []
+
+
+# -- what the docs say of the configs ------------------------------------------------------------------------
+PRECISION_WORDS = {"32": "fp32", "bf16-mixed": "bf16", "16-mixed": "fp16"}
+
+
+def _config_rows(page: str) -> dict[str, str]:
+    """``name.yaml`` -> its row of a page's config table (rows that open with a config's name in backticks)."""
+    rows = {}
+    for line in (ROOT / page).read_text().splitlines():
+        if line.startswith("| `") and ".yaml`" in line.split("|")[1]:
+            rows[line.split("`")[1].rsplit("/", 1)[-1]] = line
+    return rows
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/TRAINING.md"])
+def test_a_config_row_names_no_precision_the_config_does_not_run(page):
+    for name, row in _config_rows(page).items():
+        path = ROOT / "configs" / name
+        if not path.is_file():
+            continue
+        precision = str(((yaml.safe_load(path.read_text()) or {}).get("trainer") or {}).get("precision", "32"))
+        others = set(PRECISION_WORDS.values()) - {PRECISION_WORDS[precision]}
+        said = [w for w in others if re.search(rf"\b{w}\b", row.split("|", 2)[2])]
+        assert said == [], f"{page}: the row of {name} says {said}, the config runs {precision}"
+
+
+def test_the_cpu_budget_runs_in_the_studies_precision():
+    def precision(name: str) -> str:
+        return str(yaml.safe_load((ROOT / "configs" / "overlays" / name).read_text())["trainer"]["precision"])
+
+    assert precision("cpu_300_steps.yaml") == precision("cpu_dev_choice.yaml") == "32"
+
+
+def test_the_readme_names_every_shipped_overlay():
+    row = next(line for line in (ROOT / "README.md").read_text().splitlines() if line.startswith("| `overlays/"))
+    named = set(re.findall(r"`(\w+)`", row))
+    for group in re.findall(r"`(\w+)_\{([\w,]+)\}`", row):
+        named |= {f"{group[0]}_{part}" for part in group[1].split(",")}
+    shipped = {p.stem for p in (ROOT / "configs" / "overlays").glob("*.yaml")}
+    assert shipped - named == set()

@@ -65,6 +65,50 @@ def test_the_import_check_catches_an_upward_import(tmp_path):
     ]
 
 
+# Two rooms on one floor: the studies and the speed benchmarks share helpers from a layer below (harness),
+# never from each other. A benchmark imports its siblings by bare name (``from common import ...``), so a bare
+# name of the other folder's modules counts too.
+SIBLINGS = ("experiments", "benchmarks")
+
+
+def sibling_imports(root: Path) -> list[str]:
+    """``file:line: imports X`` for every import of experiments/ from benchmarks/ and the other way round."""
+    found = []
+    for here, other in (SIBLINGS, SIBLINGS[::-1]):
+        theirs = {p.stem for p in (root / other).glob("*.py")} - {"__init__"}
+        for path in sorted((root / here).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                for name in names:
+                    top = name.split(".")[0]
+                    if top == other or top in theirs:
+                        found.append(f"{path.relative_to(root)}:{node.lineno}: imports {name}")
+    return found
+
+
+def test_experiments_and_benchmarks_never_import_each_other():
+    assert sibling_imports(ROOT) == []
+
+
+def test_the_sibling_check_catches_both_directions(tmp_path):
+    for folder in SIBLINGS:
+        (tmp_path / folder).mkdir()
+    (tmp_path / "benchmarks" / "common.py").write_text("from harness.measurement import machine\n")
+    (tmp_path / "experiments" / "study.py").write_text(
+        "def f():\n    from benchmarks.common import write_record\nimport common\n")
+    (tmp_path / "benchmarks" / "speed.py").write_text("from common import machine\nimport experiments.stats\n")
+    assert sibling_imports(tmp_path) == [
+        "experiments/study.py:3: imports common",
+        "experiments/study.py:2: imports benchmarks.common",
+        "benchmarks/speed.py:2: imports experiments.stats",
+    ]
+
+
 def module_imports(root: Path) -> dict[str, set[str]]:
     """Module -> the library modules it imports, at any depth of its code (function-level imports too)."""
     modules = {str(p.relative_to(root).with_suffix("")).replace("/", "."): p

@@ -260,14 +260,53 @@ def test_the_evaluation_table_gives_both_implementations_scores_and_times(projec
 
 
 def test_no_figure_is_typed_outside_the_generated_blocks():
-    """A score (two decimals, 10 or more) or a speed ratio (1.71x) in the docs stands only inside a generated block;
-    hyperparameters (tau 0.05, lr 3e-5) and versions are not figures."""
-    import re
+    """A score (two decimals, 10 or more), a signed difference, a speed ratio (1.71x) or points in the docs stand
+    only inside a generated block; hyperparameters (tau 0.05, lr 3e-5) and versions are not figures."""
+    assert report.typed_figures(ROOT) == []
 
-    typed = []
-    for page in ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md"))]:
-        text = report.BLOCK.sub("", (ROOT / page).read_text())
-        for number, line in enumerate(text.splitlines(), 1):
-            if re.search(r"(?<![\w.])\d{2,3}\.\d{2}(?![\w.])|(?<![\w.])\d+\.\d+x\b", line):
-                typed.append(f"{page}: {line.strip()[:120]}")
-    assert typed == []
+
+@pytest.mark.parametrize("prose, figure", [("The gain is 9.99 points over the start.", "9.99 points"),
+                                           ("It scores 81.23 on STS-B.", "81.23"), ("STS-B: 81.23.", "81.23"),
+                                           ("Ours is 2.5x faster.", "2.5x"), ("SimCSE moves it by +0.42.", "+0.42")])
+def test_the_check_names_a_figure_typed_in_prose(project, prose, figure):
+    readme = project / "README.md"
+    lines = readme.read_text().splitlines()
+    lines.insert(3, prose)
+    readme.write_text("\n".join(lines) + "\n")
+    problems = report.run(project, check=True)
+    assert [p.split(":", 2)[:2] for p in problems] == [["README.md", "4"]]
+    assert f"{figure!r} typed outside a generated block" in problems[0]
+    for harmless in ("tau 0.05 and lr 3e-5 on torch 2.13.0 (Python 3.10)", "a random 0.3 % of the sentences"):
+        lines[3] = harmless
+        readme.write_text("\n".join(lines) + "\n")
+        assert report.run(project, check=True) == []
+
+
+def test_evaluate_and_the_docs_round_a_figure_by_one_rule():
+    """An STS average of 78.87498 is kept as 78.875 in its record: evaluate.py's table and the docs both show
+    78.88 (the record's four decimals, then two, a tie to the even digit on the decimal digits)."""
+    from harness.figures import figure
+    from harness.sts_eval import format_table
+    from harness.transfer import format_transfer_table
+
+    full, kept = 78.87498, round(78.87498, 4)
+    assert kept == 78.875
+    table = format_table({"m": {"stsb": full, "avg": full}}, ["stsb"])
+    assert table.splitlines()[-1] == "| m | 78.88 | 78.88 |"
+    assert report.fmt(kept) == report.fmt(full) == "78.88"
+    assert format_transfer_table({"m": {"mr": full}}, ["mr"]).splitlines()[-1] == "| m | 78.88 |"
+    assert [figure(v) for v in (78.865, 78.875, 78.8651, 0.125)] == ["78.86", "78.88", "78.87", "0.12"]
+    assert figure(-0.00001, sign=True) == "+0.00" and figure(1.2, sign=True) == "+1.20"
+    assert figure(float("nan")) == "nan"
+
+
+def test_an_evaluation_only_record_is_named_as_one_and_the_paper_column_says_what_its_figure_is(project):
+    start = record("start_mean", "base", 42, 78.0)
+    found = [start, {**start, "precision": {"train": None, "eval": "32"}}]
+    assert report.where(found).split("; ")[2:4] == ["eval only: eval 32", "trained: train 32, eval 32"]
+    page = (project / "docs" / "RESULTS.md").read_text()
+    assert "train None" not in page
+    nli = next(line for line in page.splitlines() if line.startswith("| SBERT NLI softmax |"))
+    stsb = next(line for line in page.splitlines() if line.startswith("| SBERT STS-B regression |"))
+    assert ", seven-task avg (SBERT-NLI-base;" in nli.split(" | ")[-1]
+    assert ", STS-B only (no seven-task avg) (SBERT-STSb-base;" in stsb.split(" | ")[-1]

@@ -181,3 +181,30 @@ def test_a_run_that_ends_before_its_first_validation_says_so_and_saves(tmp_path,
             f"no best checkpoint); saved {path}") in out.err
     assert f"last checkpoint: {path} (no validation ran, so no best one)" in out.out
     assert not [w for w in caught if "could not find the monitored key" in str(w.message)]
+
+
+def _stage_without_hub(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "SENTEMB_DATA")}
+    return subprocess.run([sys.executable, "stage.py", "--config", "configs/sbert_sts_regression.yaml", "--root",
+                           str(tmp_path / "root")], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          env={**base, "PYTHONPATH": str(ROOT), "HF_HOME": str(tmp_path / "hf"), **env})
+
+
+def test_staging_offline_names_the_model_and_the_way_forward(tmp_path):
+    run = _stage_without_hub(tmp_path, HF_HUB_OFFLINE="1")
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert lines == [lines[0]] and lines[0].startswith(
+        "error: model 'bert-base-uncased': staging downloads from the Hugging Face hub, and HF_HUB_OFFLINE is set here")
+    assert "where the hub answers" in lines[0] and "configs/overlays/offline_*.yaml" in lines[0]
+    assert "HF_HUB_OFFLINE=0" not in run.stderr
+
+
+def test_staging_with_the_hub_unreachable_names_the_model_and_the_way_forward(tmp_path):
+    run = _stage_without_hub(tmp_path, HF_ENDPOINT="http://127.0.0.1:9")  # nothing listens on port 9
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert lines == [lines[0]] and lines[0].startswith(
+        "error: model 'bert-base-uncased': staging downloads from the Hugging Face hub, which cannot be reached "
+        "(127.0.0.1: ")
+    assert "where the hub answers" in lines[0] and "configs/overlays/offline_*.yaml" in lines[0]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -138,7 +139,17 @@ def test_progress_is_a_line_per_task_with_the_time_left(fixtures_dir):
     import io
 
     stream = io.StringIO()
-    evaluate_sts(lambda s: torch.randn(len(s), 4), str(fixtures_dir / "sts"), ["sts12", "stsb"], progress=stream)
+    before_first_encoding = []
+
+    def encode(sentences):
+        if not before_first_encoding:  # what a user has read when the first, longest encoding starts
+            before_first_encoding.append(stream.getvalue())
+        return torch.randn(len(sentences), 4)
+
+    evaluate_sts(encode, str(fixtures_dir / "sts"), ["sts12", "stsb"], progress=stream)
     lines = stream.getvalue().splitlines()
-    assert [l.split(":")[0] for l in lines] == ["STS 1/2 sts12", "STS 2/2 stsb"]
-    assert all("spent, about" in l and "left" in l for l in lines)
+    assert before_first_encoding[0] == lines[0] + "\n"
+    assert re.fullmatch(r"STS: encoding \d+ distinct sentences of 2 task\(s\), sts12 first \(\d+\); a line "
+                        r"as each task ends", lines[0])
+    assert [l.split(":")[0] for l in lines[1:]] == ["STS 1/2 sts12", "STS 2/2 stsb"]
+    assert all("spent, about" in l and "left" in l for l in lines[1:])

@@ -223,3 +223,39 @@ def test_validation_scores_each_dev_pair_from_its_distinct_sentences(tiny_model_
         expected = spearmanr(torch.nn.functional.cosine_similarity(u, v).numpy(), pairs["score"]).statistic * 100
         assert found[f"val/{name}_spearman"] == pytest.approx(expected, abs=1e-3)
     assert found["val/avg_spearman"] == pytest.approx((found["val/stsb_spearman"] + found["val/sickr_spearman"]) / 2)
+
+
+# -- silent acceptance: one warning line each ----------------------------------------------------------------
+def test_more_cpu_processes_than_cores_is_warned(tmp_path, tiny_model_dir, fixtures_dir, monkeypatch, capsys):
+    from harness.cli import usable_cores
+
+    monkeypatch.setattr(L.Trainer, "fit", lambda *a, **k: None)  # the warning comes before any process starts
+    monkeypatch.setattr(L.Trainer, "validate", lambda *a, **k: None)
+    config = objective_config(tmp_path, tiny_model_dir, fixtures_dir, "STSRegression", "STSDataModule")
+    cores = usable_cores()
+    train.main(["--config", config, "--trainer.devices", str(cores + 2), "--trainer.strategy", "ddp"])
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    assert warnings == [f"warning: --trainer.devices {cores + 2} starts {cores + 2} training processes on {cores} "
+                        f"CPU core(s): they take turns on the cores, so the run is slower than with "
+                        f"--trainer.devices {cores}"]
+    train.main(["--config", config, "--trainer.devices", str(cores)])
+    assert "warning:" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("scheduler, warned", [("linear", True), ("constant_with_warmup", False)])
+def test_a_continuation_that_moves_the_schedule_is_warned(tmp_path, tiny_model_dir, fixtures_dir, capsys, scheduler,
+                                                          warned):
+    config = objective_config(tmp_path, tiny_model_dir, fixtures_dir, "STSRegression", "STSDataModule",
+                              model_args={"scheduler": scheduler})
+    train.main(["--config", config, "--trainer.max_steps", "2"])
+    (last,) = glob.glob(str(tmp_path / "runs" / "**" / "last.ckpt"), recursive=True)
+    capsys.readouterr()
+    train.main(["--config", config, "--trainer.max_steps", "2", "--ckpt_path", last])  # the same length: no word
+    assert "warning:" not in capsys.readouterr().err
+    train.main(["--config", config, "--trainer.max_steps", "4", "--ckpt_path", last])
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]
+    if warned:
+        assert len(warnings) == 1 and warnings[0].startswith(f"warning: {last}: trainer.max_steps 2 -> 4: the linear "
+                                                              "learning-rate schedule spans the run's total steps")
+    else:
+        assert warnings == []

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import venv
 import zipfile
 from pathlib import Path
@@ -19,13 +20,37 @@ from tests.conftest import FIXTURES, ROOT
 OWN_PACKAGES = {"datamodules", "encoders", "harness", "lightning_modules", "sentemb_configs"}
 
 
+def running_site_packages() -> list[str]:
+    """The site-packages folders of the interpreter running the tests: a venv's own, not its base interpreter's
+    (``system_site_packages`` would expose the base's, which in a fresh venv holds no torch)."""
+    paths = sysconfig.get_paths()
+    return list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
+
+
+def nested_venv(env_dir: Path, wheel: Path) -> Path:
+    """A venv with ``wheel`` installed that sees the running interpreter's packages (torch, lightning, ...) but not
+    the clone. The wheel goes in first, while the venv sees nothing else: pip would otherwise find the clone's
+    editable install (or its *.egg-info on PYTHONPATH) of the same version and install nothing. Then a plain path line in a ``.pth``
+    file adds the running interpreter's folders after the venv's own; the ``.pth`` files inside them (that
+    editable install among them) are not read, so the wheel installed here is what imports."""
+    venv.EnvBuilder(system_site_packages=False, with_pip=False).create(env_dir)
+    python = env_dir / "bin" / "python"
+    outside = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the clone (its *.egg-info) unseen too
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
+                   check=True, capture_output=True, text=True, timeout=300, env=outside)
+    own = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    (Path(own) / "running_interpreter.pth").write_text("".join(f"{p}\n" for p in running_site_packages()))
+    return python
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     """The wheel, built from a copy of the tree (a build leaves build/ and *.egg-info behind)."""
     tmp = tmp_path_factory.mktemp("wheel")
     source = tmp / "src"
     shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
-        ".git", "runs", "models", "build", "*.egg-info", "__pycache__", ".pytest_cache", "lightning_logs"))
+        ".git", ".venv", "runs", "models", "build", "*.egg-info", "__pycache__", ".pytest_cache", "lightning_logs"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation", "-q",
                     "-w", str(tmp / "dist")], check=True, capture_output=True, text=True, timeout=300)
     (found,) = (tmp / "dist").glob("*.whl")
@@ -59,11 +84,7 @@ def test_wheel_holds_every_imported_package_and_no_foreign_top_level_module(whee
 @pytest.mark.slow
 def test_installed_entry_points_run_outside_the_clone(wheel, tmp_path, tiny_model_dir):
     env_dir = tmp_path / "venv"
-    # The fresh environment sees this machine's packages (torch, lightning, ...) but not the clone.
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
-    python = env_dir / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
-                   check=True, capture_output=True, text=True, timeout=300)
+    python = nested_venv(env_dir, wheel)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -99,3 +120,24 @@ def test_installed_entry_points_run_outside_the_clone(wheel, tmp_path, tiny_mode
     assert quick.returncode == 0, quick.stderr[-3000:]
     assert list((tmp_path / "quickstart").glob("lightning_logs/*/checkpoints/*.ckpt"))
     assert "sentemb_configs/quickstart/stsb.train.tsv" in zipfile.ZipFile(wheel).namelist()
+
+
+def test_ci_runs_the_readme_test_command_in_a_venv_of_its_own(tmp_path):
+    """``.ci/run`` makes ``.venv`` in the clone and runs ``make test`` with its Python, not the machine's: the
+    packages of the machine's Python would hide a test that fails in the venv the README's lines create."""
+    clone = tmp_path / "clone"
+    (clone / ".ci").mkdir(parents=True)
+    shutil.copy(ROOT / ".ci" / "run", clone / ".ci" / "run")
+    (clone / "slurm").mkdir()
+    (clone / "slurm" / "local_cluster.sh").write_text("exit 1\n")  # no cluster here: the run says so and goes on
+    (clone / ".make-installed").write_text("")  # a stamp of another interpreter's install
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "make").write_text(f'#!/bin/sh\necho "$@" > {tmp_path / "make_args"}\n')
+    (stubs / "make").chmod(0o755)
+    env = {**os.environ, "PATH": f"{stubs}{os.pathsep}{os.environ['PATH']}"}
+    result = subprocess.run(["bash", str(clone / ".ci" / "run")], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (tmp_path / "make_args").read_text().split() == ["test", "PYTHON=.venv/bin/python"]
+    assert (clone / ".venv" / "bin" / "python").is_file() and not (clone / ".make-installed").exists()
+    assert ".venv/" in (ROOT / ".gitignore").read_text().splitlines()
