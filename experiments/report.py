@@ -311,8 +311,8 @@ def readme_speed(data: Data) -> str:
     if not rows:
         return "No benchmark has a record yet."
     lines = ["| figure | value | processor, date | command |", "|---|---|---|---|"]
-    for figure, value, record in rows:
-        lines.append(f"| {figure} | {value} | {processor(record)}; {record['date']} | {command_of(record)} |")
+    for what, value, record in rows:
+        lines.append(f"| {what} | {value} | {processor(record)}; {record['date']} | {command_of(record)} |")
     families = sorted({processor(r).split(" (")[0] + (" with " + ", ".join(r["machine"]["bf16_units"])
                                                        if r["machine"].get("bf16_units") else " without bf16 units")
                        for r in bench})

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from argparse import ArgumentError
 from typing import Literal, Optional, Union
 
 import torch
@@ -20,9 +19,9 @@ from datamodules import STS_TASKS
 from datamodules.sts import default_sts_dir
 from encoders.sentence import Pooling, SentenceEncoder
 from encoders.st_format import check_export_dir, check_exportable, check_truncate_dim
-from .arguments import CommandLineError, explain, for_installed, help_formatter
+from .arguments import for_installed
 from .cli import exit_on_user_error
-from .config_files import check_config_files
+from .config_files import run_function_command
 from .export import export_run
 from .sts_eval import evaluate_sts, format_table
 from .transfer import TRANSFER_TASKS, evaluate_transfer, find_downstream, format_transfer_table, task_paths
@@ -223,19 +222,6 @@ def main(args: list[str] | None = None) -> None:
 
 @exit_on_user_error
 def _run_cli(args: list[str] | None) -> None:
-    from jsonargparse import ActionConfigFile, ArgumentParser
-
     prog = os.path.basename(sys.argv[0]) or "evaluate.py"
-    parser = ArgumentParser(prog=prog, exit_on_error=False, allow_abbrev=False,
-                            description=for_installed((evaluate.__doc__ or "").split("\n\n")[0] + "\n\n"
-                                                      + EXAMPLES.format(prog=prog), prog),
-                            formatter_class=help_formatter())
-    parser.add_argument("--config", action=ActionConfigFile, help="options from a YAML file")
-    parser.add_function_arguments(evaluate, as_positional=False)
-    argv = sys.argv[1:] if args is None else list(args)
-    check_config_files(argv, {str(k) for k in parser.get_defaults().keys()}, {})
-    try:
-        config = parser.parse_args(argv)
-    except ArgumentError as err:
-        raise CommandLineError(explain(err, argv, parser.parse_args)) from None
-    evaluate(**{k: v for k, v in vars(config).items() if k != "config"})
+    description = for_installed((evaluate.__doc__ or "").split("\n\n")[0] + "\n\n" + EXAMPLES.format(prog=prog), prog)
+    run_function_command(evaluate, prog, description, args)

@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import os
 import sys
-from argparse import ArgumentError
 from typing import Literal, Optional, Union
 
 from datamodules.mining import Sampling, mine_hard_negatives
 
-from .arguments import CommandLineError, explain, help_formatter
 from .cli import exit_on_user_error
-from .config_files import check_config_files
+from .config_files import run_function_command
 
 
 @exit_on_user_error
@@ -88,18 +86,7 @@ def main(args: list[str] | None = None) -> None:
 
 @exit_on_user_error
 def _run_cli(args: list[str] | None) -> None:
-    from jsonargparse import ActionConfigFile, ArgumentParser
-
     prog = os.path.basename(sys.argv[0]) or "mine.py"
     summary = " ".join((mine.__doc__ or "").split("\n\n")[0].split())
-    parser = ArgumentParser(prog=prog, exit_on_error=False, allow_abbrev=False,
-                            description=summary + "\n\n" + EXAMPLES.format(prog=prog), formatter_class=help_formatter())
-    parser.add_argument("--config", action=ActionConfigFile, help="options from a YAML file")
-    parser.add_function_arguments(mine, as_positional=False)
-    argv = sys.argv[1:] if args is None else list(args)
-    check_config_files(argv, {str(k) for k in parser.get_defaults().keys()}, {})
-    try:
-        config = parser.parse_args(argv)
-    except ArgumentError as err:
-        raise CommandLineError(explain(err, argv, parser.parse_args)) from None
-    mine(**{k: v for k, v in vars(config).items() if k != "config"})
+    run_function_command(mine, prog, summary + "\n\n" + EXAMPLES.format(prog=prog), args)
+
