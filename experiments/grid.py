@@ -241,8 +241,7 @@ def run_cell(args: argparse.Namespace, cell: Path, assignment: dict[str, str], s
 class Elapsed:
     """The seconds a cell has run over all its attempts, kept in ``elapsed_s`` and refreshed every 30 s while it
     runs, so a cell killed without warning loses at most that much of its count. A cell begun before this file
-    was kept counts its earlier attempts from their start times in ``attempts.jsonl`` (each restart came right
-    after the stop)."""
+    was kept counts each earlier attempt from its start to the last file it wrote."""
 
     def __init__(self, cell: Path, start: float) -> None:
         import threading
@@ -251,12 +250,23 @@ class Elapsed:
         if self.path.exists():
             self.before = float(self.path.read_text())
         else:
-            starts = [datetime.datetime.fromisoformat(json.loads(line)["started"]).timestamp()
-                      for line in (cell / "attempts.jsonl").read_text().splitlines() if line.strip()]
-            self.before = max(0.0, starts[-1] - starts[0]) if len(starts) > 1 else 0.0
+            self.before = self.earlier_attempts(cell)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, daemon=True)
         self._thread.start()
+
+    @staticmethod
+    def earlier_attempts(cell: Path) -> float:
+        """Seconds of the attempts before the newest one, for a cell begun before ``elapsed_s`` was kept: each from
+        its start to the last file it wrote under ``train/`` before the next attempt started."""
+        starts = [datetime.datetime.fromisoformat(json.loads(line)["started"]).timestamp()
+                  for line in (cell / "attempts.jsonl").read_text().splitlines() if line.strip()]
+        written = [p.stat().st_mtime for p in (cell / "train").rglob("*") if p.is_file()] \
+            if (cell / "train").exists() else []
+        total = 0.0
+        for begun, following in zip(starts, starts[1:]):
+            total += max([t for t in written if begun <= t < following], default=begun) - begun
+        return total
 
     def total(self) -> float:
         return self.before + time.time() - self.start

@@ -4,6 +4,7 @@ and the report's guards (one precision per study, test cells at the dev choice).
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import signal
@@ -254,12 +255,18 @@ def test_a_cells_wall_time_counts_every_attempt(tmp_path):
     import grid
 
     cell = tmp_path / "cell"
-    cell.mkdir()
-    starts = ['{"started": "2026-12-06T10:00:00+00:00"}', '{"started": "2026-12-06T10:05:00+00:00"}']
-    (cell / "attempts.jsonl").write_text("\n".join(starts) + "\n")
-    clock = grid.Elapsed(cell, time.time())  # begun before elapsed_s was kept: the earlier attempt's 300 s
+    (cell / "train").mkdir(parents=True)
+    starts = ["2026-12-06T10:00:00+00:00", "2026-12-06T11:00:00+00:00", "2026-12-06T11:30:00+00:00"]
+    (cell / "attempts.jsonl").write_text("".join(json.dumps({"started": s}) + "\n" for s in starts))
+    # begun before elapsed_s was kept: each earlier attempt ran until its last file, not until the next start
+    # (the first wrote for 2 minutes, then the cell waited; the second wrote for 5 minutes)
+    for name, at in (("a", "2026-12-06T10:02:00+00:00"), ("b", "2026-12-06T11:05:00+00:00")):
+        (cell / "train" / name).write_text("x")
+        stamp = datetime.datetime.fromisoformat(at).timestamp()
+        os.utime(cell / "train" / name, (stamp, stamp))
+    clock = grid.Elapsed(cell, time.time())
     clock.stop()
-    assert 300 <= float((cell / "elapsed_s").read_text()) < 310
+    assert 420 <= float((cell / "elapsed_s").read_text()) < 430
     (cell / "elapsed_s").write_text("1200\n")  # the count kept by an attempt killed without warning
     clock = grid.Elapsed(cell, time.time() - 60)
     assert clock.total() == pytest.approx(1260, abs=5)
