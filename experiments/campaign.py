@@ -133,7 +133,7 @@ def build_plan(args: argparse.Namespace) -> Plan:
     data = args.data
     proto = protocol.Protocol(argparse.Namespace(
         sts_dir=f"{data}/sts", transfer_dir=f"{data}/senteval", seeds=",".join(map(str, SEEDS)), threads=args.threads,
-        jobs=1, eval_precision="32", records=args.records, out=args.out, config=list(args.config), stages=[]))
+        jobs=1, eval_precision="32", records=args.records, out=args.out, config=[], stages=[]))
     views = {f"{M}augmentation": protocol.VIEWS, f"{M}lr": protocol.LRS}
     headline = "1 headline"
     # before their own records land, the protocol's cells are estimated from the same objective in the objectives
@@ -476,8 +476,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each cell (default 1)")
     parser.add_argument("--commit", action="store_true",
                         help="commit each landed record with the pages regenerated from it")
-    parser.add_argument("--config", action="append", default=[],
-                        help="overlays after the protocol's (the tests use the tiny model)")
     parser.add_argument("--records", type=Path, default=records.RECORDS)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "grid")
     parser.add_argument("--poll", type=float, default=10.0, help=argparse.SUPPRESS)

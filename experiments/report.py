@@ -575,8 +575,7 @@ def campaign_budget(data: Data) -> str:
     """The campaign's plan against its budget, from the records, and what was cut to fit it."""
     import campaign
 
-    args = argparse.Namespace(data="$SENTEMB_DATA", threads=1, records=data.folder, out=ROOT / "runs" / "grid",
-                              config=[])
+    args = argparse.Namespace(data="$SENTEMB_DATA", threads=1, records=data.folder, out=ROOT / "runs" / "grid")
     plan = campaign.build_plan(args)
     state = campaign.State(plan, data.folder, known=list(data))
     parts: dict[str, list[int]] = {}

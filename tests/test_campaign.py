@@ -30,7 +30,7 @@ M = "model.init_args."
 
 def plan_args(tmp_path) -> argparse.Namespace:
     return argparse.Namespace(data=str(tmp_path / "data"), threads=1, records=tmp_path / "records",
-                              out=tmp_path / "out", config=[])
+                              out=tmp_path / "out")
 
 
 def write(root, study, cell, seed, avg=None, wall=100.0, dev=(80.0, 70.0), overrides=(), steps=300, precision="32"):
