@@ -571,6 +571,30 @@ def front_simcse_dclr(data: Data) -> str:
             f"sign-flip p {p.p_sign:.3f}); [the study](results/simcse_dclr.md).")
 
 
+def matryoshka_curve(data: Data) -> str:
+    """Plain MNR and Matryoshka MNR on the seven test tasks at each dimension: the whole embedding is each row's own
+    test cell, each truncation an evaluation of that cell's checkpoint (objectives_<row>_dim<D>)."""
+    from objectives import TRUNCATE_DIMS
+
+    rows = (("plain MNR", "mnr"), ("Matryoshka MNR", "mnr_matryoshka"))
+    dims = (384, *TRUNCATE_DIMS)
+
+    def avgs(name: str, dim: int) -> dict[int, float]:
+        return test_avgs(data, f"objectives_{name}" if dim == 384 else f"objectives_{name}_dim{dim}")
+
+    if not any(avgs(name, d) for _, name in rows for d in dims):
+        return "No record yet: the campaign runs these rows after the objectives study."
+    lines = ["| dimensions | " + " | ".join(label for label, _ in rows) + " | Matryoshka - plain, paired by seed |",
+             "|---|---|---|---|"]
+    for d in dims:
+        plain, mat = avgs("mnr", d), avgs("mnr_matryoshka", d)
+        seeds = sorted(set(plain) & set(mat))
+        diff = stats.summary([mat[s] - plain[s] for s in seeds]).text(2) if seeds else "—"
+        lines.append(f"| {d} | {stats.summary(list(plain.values())).text()} | {stats.summary(list(mat.values())).text()} "
+                     f"| {diff} |")
+    return "\n".join(lines)
+
+
 def campaign_budget(data: Data) -> str:
     """The campaign's plan against its budget, from the records, and what was cut to fit it."""
     import campaign
@@ -617,6 +641,7 @@ BLOCKS: dict[str, Callable[[list[dict]], str]] = {
     "perf_scaling": perf_scaling, "film_rows": film_rows, "film_pairs": film_pairs,
     "protocol_search": protocol_search, "protocol_pairs": protocol_pairs, "protocol_mechanisms": protocol_mechanisms,
     "protocol_transfer": protocol_transfer, "front_simcse_dclr": front_simcse_dclr, "campaign_budget": campaign_budget,
+    "matryoshka_curve": matryoshka_curve,
     "front_table": front_table, "front_findings": front_findings, "objectives_where": objectives_where,
     "start_table": start_table, "dev_grids": dev_grids, "test_table": test_table, "per_seed": per_seed_table,
 }

@@ -310,3 +310,20 @@ def test_an_evaluation_only_record_is_named_as_one_and_the_paper_column_says_wha
     stsb = next(line for line in page.splitlines() if line.startswith("| SBERT STS-B regression |"))
     assert ", seven-task avg (SBERT-NLI-base;" in nli.split(" | ")[-1]
     assert ", STS-B only (no seven-task avg) (SBERT-STSb-base;" in stsb.split(" | ")[-1]
+
+
+def test_the_matryoshka_curve_pairs_each_truncation_by_seed(tmp_path):
+    # plain MNR 80, 82 at 384 dims and 70, 74 at 64; Matryoshka 79, 81 and 75, 78: at 64 dims the paired
+    # differences are +5 and +4, mean 4.50, sd 0.71 (sqrt(0.5))
+    for study, seed, avg in (("objectives_mnr", 42, 80.0), ("objectives_mnr", 43, 82.0),
+                             ("objectives_mnr_dim64", 42, 70.0), ("objectives_mnr_dim64", 43, 74.0),
+                             ("objectives_mnr_matryoshka", 42, 79.0), ("objectives_mnr_matryoshka", 43, 81.0),
+                             ("objectives_mnr_matryoshka_dim64", 42, 75.0),
+                             ("objectives_mnr_matryoshka_dim64", 43, 78.0)):
+        records.write(records.path_of(tmp_path, study, "base", seed), record(study, "base", seed, avg))
+    table = report.matryoshka_curve(report.Data(records.load_all(tmp_path), [], tmp_path))
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()[2:]}
+    assert rows["384"] == "| 384 | 81.00 ± 1.41 | 80.00 ± 1.41 | -1.00 ± 0.00 |"
+    assert rows["64"] == "| 64 | 72.00 ± 2.83 | 76.50 ± 2.12 | 4.50 ± 0.71 |"
+    assert rows["32"] == "| 32 | — | — | — |"
+    assert report.matryoshka_curve(report.Data([], [], tmp_path)).startswith("No record yet")
