@@ -305,6 +305,21 @@ def speed_rows(bench: list[dict]) -> list[tuple[str, str, dict]]:
     return rows
 
 
+def readme_first_commands(data: Data) -> str:
+    """The two commands' time and disk, from the newest ``benchmarks/first_commands.py`` record."""
+    record = newest(data.bench, "first_commands")
+    if record is None:
+        return "Their time and disk: no record yet (`python benchmarks/first_commands.py --tests` writes it)."
+    f = record["figures"]
+    load = f"load average {f['load_start']:.1f} at the start, {f['load_end']:.1f} at the end"
+    tests = (f"`make test` ran its {f['tests_passed']:.0f} tests in {f['tests_s'] / 60:.0f} minutes"
+             if "tests_s" in f else "`make test` has no timed record yet (`python benchmarks/first_commands.py "
+             "--tests`; `.ci/run` prints the suite's time)")
+    return (f"On {processor(record)}, {record['date']} ({load}): `make quickstart` took {f['quickstart_s']:.0f} s and "
+            f"left a {f['quickstart_mb']:.0f} MB run directory (the checkpoint with its optimizer state, logs, config; "
+            f"`make clean` removes it); {tests}. From {command_of(record)}.")
+
+
 def readme_speed(data: Data) -> str:
     bench = data.bench
     rows = speed_rows(bench)
@@ -315,7 +330,7 @@ def readme_speed(data: Data) -> str:
         lines.append(f"| {what} | {value} | {processor(record)}; {record['date']} | {command_of(record)} |")
     families = sorted({processor(r).split(" (")[0] + (" with " + ", ".join(r["machine"]["bf16_units"])
                                                        if r["machine"].get("bf16_units") else " without bf16 units")
-                       for r in bench})
+                       for r in {id(r): r for _, _, r in rows}.values()})
     lines.append("")
     lines.append(f"Processor families with a record: {'; '.join(families)}. A family not listed has no record of "
                  "these figures: the ratios are not carried over from one family to another.")
@@ -637,7 +652,8 @@ class Data(list):
 
 
 BLOCKS: dict[str, Callable[[list[dict]], str]] = {
-    "readme_speed": readme_speed, "perf_train": perf_train, "perf_profile": perf_profile, "perf_eval": perf_eval,
+    "readme_speed": readme_speed, "readme_first_commands": readme_first_commands, "perf_train": perf_train,
+    "perf_profile": perf_profile, "perf_eval": perf_eval,
     "perf_scaling": perf_scaling, "film_rows": film_rows, "film_pairs": film_pairs,
     "protocol_search": protocol_search, "protocol_pairs": protocol_pairs, "protocol_mechanisms": protocol_mechanisms,
     "protocol_transfer": protocol_transfer, "front_simcse_dclr": front_simcse_dclr, "campaign_budget": campaign_budget,

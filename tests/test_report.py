@@ -327,3 +327,17 @@ def test_the_matryoshka_curve_pairs_each_truncation_by_seed(tmp_path):
     assert rows["64"] == "| 64 | 72.00 ± 2.83 | 76.50 ± 2.12 | 4.50 ± 0.71 |"
     assert rows["32"] == "| 32 | — | — | — |"
     assert report.matryoshka_curve(report.Data([], [], tmp_path)).startswith("No record yet")
+
+
+def test_the_readme_first_commands_come_from_their_record(tmp_path):
+    data = report.Data([], [], tmp_path)
+    assert "no record yet" in report.readme_first_commands(data)
+    bench = {"benchmark": "first_commands", "command": ["python", "benchmarks/first_commands.py"], "date": "2026-12-06",
+             "machine": {"cpu": "AMD EPYC", "bf16_units": [], "cores": 2, "threads": 2, "gpu": None},
+             "figures": {"load_start": 2.56, "load_end": 3.34, "quickstart_s": 73.3, "quickstart_mb": 271.5},
+             "versions": {}, "commit": "x", "notes": {}}
+    text = report.readme_first_commands(report.Data([], [bench], tmp_path))
+    assert "`make quickstart` took 73 s and left a 272 MB run directory" in text and "load average 2.6" in text
+    assert "`make test` has no timed record yet" in text
+    bench["figures"].update(tests_s=1647.0, tests_passed=660.0)
+    assert "`make test` ran its 660 tests in 27 minutes" in report.readme_first_commands(report.Data([], [bench], tmp_path))
