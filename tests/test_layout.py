@@ -27,19 +27,24 @@ def layer_of(module: str) -> str | None:
     return top if top in LAYERS else None
 
 
+def absolute_imports(path: Path) -> list[tuple[ast.AST, list[str]]]:
+    """Each absolute import statement of a file, with the module names it imports."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.append((node, [a.name for a in node.names]))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.append((node, [node.module]))
+    return found
+
+
 def upward_imports(root: Path) -> list[str]:
     """``file: imports X`` for every import in a library package that reaches a higher layer."""
     found = []
     for package in LAYERS[:-1]:
         for path in sorted((root / package).rglob("*.py")):
             here = LAYERS.index(package)
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if isinstance(node, ast.Import):
-                    names = [a.name for a in node.names]
-                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                    names = [node.module]
-                else:
-                    continue
+            for node, names in absolute_imports(path):
                 for name in names:
                     layer = layer_of(name)
                     if layer is not None and LAYERS.index(layer) > here:
@@ -77,13 +82,7 @@ def sibling_imports(root: Path) -> list[str]:
     for here, other in (SIBLINGS, SIBLINGS[::-1]):
         theirs = {p.stem for p in (root / other).glob("*.py")} - {"__init__"}
         for path in sorted((root / here).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if isinstance(node, ast.Import):
-                    names = [a.name for a in node.names]
-                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                    names = [node.module]
-                else:
-                    continue
+            for node, names in absolute_imports(path):
                 for name in names:
                     top = name.split(".")[0]
                     if top == other or top in theirs:
