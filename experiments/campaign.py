@@ -319,10 +319,10 @@ def print_plan(plan: Plan, state: State, jobs: int) -> None:
         wait = "" if state.ready(job) else "  (waits for " + ", ".join(
             need.study + ("" if need.seed is None else f" seed {need.seed}") for need in job.needs) + ")"
         print(f"{n:>3}  {job.part:<14} {job.key:<66} {cost / 3600:>6.2f}  {source}{wait}")
-    print("cut, and why:")
-    print(f"  dev searches: {CUT_DEV_GRIDS}")
+    print("cut, and why (in the order of cuts):")
     for study, why in CUT.items():
         print(f"  {study}: {why}")
+    print(f"  dev searches: {CUT_DEV_GRIDS}")
 
 
 # -- running --------------------------------------------------------------------------------------------------

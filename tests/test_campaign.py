@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import pytest
@@ -113,7 +112,7 @@ def test_plan_costs_come_from_the_records_and_name_their_source(tmp_path, capsys
     assert summary.done == 2 and summary.spent_h == pytest.approx(2100.0 / 3600)
     assert out.splitlines()[0].startswith(f"campaign: 2 of {len(plan.jobs)} cells done")
     assert "protocol_simcse/base/seed42" in out and "(waits for protocol_simcse_dev)" in out
-    assert "cut, and why:" in out and all(study in out for study in campaign.CUT)
+    assert "cut, and why" in out and all(study in out for study in campaign.CUT)
 
 
 DRIVER = """\
@@ -238,7 +237,6 @@ def test_the_plan_in_the_docs_is_generated_with_every_cut_and_its_reason():
     text = (ROOT / "docs" / "results" / "simcse_dclr.md").read_text()
     block = text.split("<!-- report:campaign_budget -->")[1].split("<!-- /report:campaign_budget -->")[0]
     assert all(f"`{study}`" in block for study in campaign.CUT) and "dev searches" in block
-    assert textwrap.dedent(block).strip()
 
 
 def test_a_preempted_grid_starts_no_further_cell(tmp_path, monkeypatch):
