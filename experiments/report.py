@@ -8,7 +8,7 @@ text between the markers is this script's, and a hand edit there is undone by th
 ``--check``). Prose outside the blocks quotes no figure: the findings are generated blocks too. Each block is
 a function below, of the records alone (``experiments/records.py``); statistics come from
 ``experiments/stats.py``, paper figures from ``experiments/papers.py``. ``docs/results/cells.csv`` (every
-record, one line each) is written the same way.
+record, one line each) and the plots (``experiments/plots.py``: SVG text) are written the same way.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import plots  # noqa: E402
 import records  # noqa: E402
 import stats  # noqa: E402
 from objectives import LRS, choose  # noqa: E402
@@ -586,28 +587,49 @@ def front_simcse_dclr(data: Data) -> str:
             f"sign-flip p {p.p_sign:.3f}); [the study](results/simcse_dclr.md).")
 
 
-def matryoshka_curve(data: Data) -> str:
-    """Plain MNR and Matryoshka MNR on the seven test tasks at each dimension: the whole embedding is each row's own
-    test cell, each truncation an evaluation of that cell's checkpoint (objectives_<row>_dim<D>)."""
+MATRYOSHKA_ROWS = (("plain MNR", "mnr"), ("Matryoshka MNR", "mnr_matryoshka"))
+MATRYOSHKA_PLOT = "docs/results/matryoshka.svg"
+
+
+def matryoshka_avgs(data: list[dict]) -> dict[str, dict[int, dict[int, float]]]:
+    """Row -> dimensions -> seed -> seven-task test average: the whole embedding is each row's own test cell, each
+    truncation an evaluation of that cell's checkpoint (objectives_<row>_dim<D>)."""
     from objectives import TRUNCATE_DIMS
 
-    rows = (("plain MNR", "mnr"), ("Matryoshka MNR", "mnr_matryoshka"))
-    dims = (384, *TRUNCATE_DIMS)
+    return {name: {d: test_avgs(data, f"objectives_{name}" if d == 384 else f"objectives_{name}_dim{d}")
+                   for d in (384, *TRUNCATE_DIMS)} for _, name in MATRYOSHKA_ROWS}
 
-    def avgs(name: str, dim: int) -> dict[int, float]:
-        return test_avgs(data, f"objectives_{name}" if dim == 384 else f"objectives_{name}_dim{dim}")
 
-    if not any(avgs(name, d) for _, name in rows for d in dims):
+def matryoshka_curve(data: Data) -> str:
+    """Plain MNR and Matryoshka MNR on the seven test tasks at each dimension, as a table and its plot."""
+    found = matryoshka_avgs(data)
+    if not any(by_seed for by_dim in found.values() for by_seed in by_dim.values()):
         return "No record yet: the campaign runs these rows after the objectives study."
-    lines = ["| dimensions | " + " | ".join(label for label, _ in rows) + " | Matryoshka - plain, paired by seed |",
-             "|---|---|---|---|"]
-    for d in dims:
-        plain, mat = avgs("mnr", d), avgs("mnr_matryoshka", d)
+    lines = ["| dimensions | " + " | ".join(label for label, _ in MATRYOSHKA_ROWS)
+             + " | Matryoshka - plain, paired by seed |", "|---|---|---|---|"]
+    for d in found["mnr"]:
+        plain, mat = found["mnr"][d], found["mnr_matryoshka"][d]
         seeds = sorted(set(plain) & set(mat))
         diff = stats.summary([mat[s] - plain[s] for s in seeds]).text(2) if seeds else "—"
         lines.append(f"| {d} | {stats.summary(list(plain.values())).text()} | {stats.summary(list(mat.values())).text()} "
                      f"| {diff} |")
+    plot = Path(MATRYOSHKA_PLOT).name  # the block's page, docs/results/objectives.md, sits beside it
+    lines += ["", f"![The seven-task test average of plain and Matryoshka MNR at each dimension, mean and sd over the "
+                  f"seeds]({plot})"]
     return "\n".join(lines)
+
+
+def matryoshka_plot(data: Data) -> str:
+    """The table of ``matryoshka_curve`` as a plot: the seven-task average against the dimensions kept."""
+    found = matryoshka_avgs(data)
+    series = []
+    for label, name in MATRYOSHKA_ROWS:
+        points = [plots.Point(d, s.mean, s.sd) for d, by_seed in found[name].items()
+                  if (s := stats.summary(list(by_seed.values()))).n]
+        series.append(plots.Series(label, points))
+    return plots.line_chart(series, title="Seven-task STS average (test) at the first d dimensions",
+                            x_label="dimensions kept (log scale)", y_label="Spearman x 100, mean ± sd over seeds",
+                            log2_x=True, empty="No record yet: the campaign runs these rows after the objectives study.")
 
 
 def campaign_budget(data: Data) -> str:
@@ -677,7 +699,7 @@ def cells_csv(all_records: list[dict]) -> str:
     return out.getvalue()
 
 
-FILES: dict[str, Callable[[list[dict]], str]] = {"docs/results/cells.csv": cells_csv}
+FILES: dict[str, Callable[[list[dict]], str]] = {"docs/results/cells.csv": cells_csv, MATRYOSHKA_PLOT: matryoshka_plot}
 
 
 # -- the guards: one precision per study, test cells at the dev choice ----------------------------------------

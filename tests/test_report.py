@@ -329,6 +329,38 @@ def test_the_matryoshka_curve_pairs_each_truncation_by_seed(tmp_path):
     assert report.matryoshka_curve(report.Data([], [], tmp_path)).startswith("No record yet")
 
 
+def test_the_matryoshka_plot_draws_each_rows_means_and_sds_from_the_records(tmp_path):
+    from xml.etree import ElementTree
+
+    import plots
+
+    # plain MNR at 384 and 64 dims: 80, 82 and 70, 74; Matryoshka at 64 dims only: 75, 78
+    for study, seed, avg in (("objectives_mnr", 42, 80.0), ("objectives_mnr", 43, 82.0),
+                             ("objectives_mnr_dim64", 42, 70.0), ("objectives_mnr_dim64", 43, 74.0),
+                             ("objectives_mnr_matryoshka_dim64", 42, 75.0),
+                             ("objectives_mnr_matryoshka_dim64", 43, 78.0)):
+        records.write(records.path_of(tmp_path, study, "base", seed), record(study, "base", seed, avg))
+    data = report.Data(records.load_all(tmp_path), [], tmp_path)
+    svg = ElementTree.fromstring(report.matryoshka_plot(data))
+    ns = "{http://www.w3.org/2000/svg}"
+    dots = {c.find(ns + "title").text: float(c.get("cy")) for c in svg.iter(ns + "circle")}
+    assert sorted(dots) == ["Matryoshka MNR, 64: 76.50 ± 2.12", "plain MNR, 384: 81.00 ± 1.41",
+                            "plain MNR, 64: 72.00 ± 2.83"]
+    # y grows upwards, linearly: the three means' heights keep their differences' ratios (81 - 76.5 : 76.5 - 72)
+    top, mid, low = dots["plain MNR, 384: 81.00 ± 1.41"], dots["Matryoshka MNR, 64: 76.50 ± 2.12"], \
+        dots["plain MNR, 64: 72.00 ± 2.83"]
+    assert top < mid < low and abs((mid - top) - (low - mid)) < 0.2
+    # one line for plain MNR's two points (Matryoshka has one: no line), and a whisker of 2 sd for each point
+    assert len(list(svg.iter(ns + "polyline"))) == 1
+    whiskers = [abs(float(w.get("y2")) - float(w.get("y1"))) for w in svg.iter(ns + "line")
+                if w.get("x1") == w.get("x2")]
+    scale = (low - top) / (81.0 - 72.0)
+    assert sorted(round(w / scale, 1) for w in whiskers) == [2.8, 4.2, 5.7]
+    assert "![" in report.matryoshka_curve(data) and "(matryoshka.svg)" in report.matryoshka_curve(data)
+    assert "No record yet" in report.matryoshka_plot(report.Data([], [], tmp_path))
+    assert [plots.nice_step(s) for s in (9.0, 0.4, 230.0)] == [2, 0.1, 50]
+
+
 def test_the_readme_first_commands_come_from_their_record(tmp_path):
     data = report.Data([], [], tmp_path)
     assert "no record yet" in report.readme_first_commands(data)
