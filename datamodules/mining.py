@@ -222,7 +222,7 @@ def select_negatives(
 
 
 def mine_hard_negatives(
-    sources: Sequence[str],
+    inputs: str | list[str],
     model: str,
     output: str,
     num_negatives: int = 3,
@@ -240,29 +240,31 @@ def mine_hard_negatives(
     seed: int = 0,
     progress: IO[str] | None = None,
 ) -> MiningSummary:
-    """Mine ``num_negatives`` hard negatives for every (anchor, positive) row of ``sources`` and write
-    ``anchor, positive, negative_1 ... negative_n`` rows to the TSV ``output`` (which must not exist).
+    """Mine hard negatives for every (anchor, positive) row: exact cosine search over the distinct positives,
+    then the filters (positives and exact duplicates never; the rank window; max_score; the absolute and the
+    relative margin), then ``num_negatives`` per row. Writes the rows (anchor, positive, negative_1 ... negative_n)
+    and counts what each filter removed and the scores kept: the summary the command prints.
 
     Args:
-        sources: pair files (``anchor``, ``positive``) or NLI files (their entailment pairs), concatenated.
+        inputs: pair files (anchor, positive columns) or NLI files (premise, hypothesis, label: the entailment
+            pairs); one file or a list ``[a.tsv,b.tsv]``, concatenated.
         model: the encoder that scores: a ``*.ckpt`` of this project, a model directory or a hub name.
-        output: the TSV to write.
-        num_negatives: negatives per row; rows with fewer candidates left are not written.
-        range_min: skip the best ``range_min`` candidates (after positives and duplicates are set aside).
+        output: the TSV to write (anchor, positive, negative_1 ... negative_n); never overwritten.
+        num_negatives: negatives per row; a row with fewer candidates left is not written.
+        range_min: skip the best range_min candidates (positives and duplicates set aside first).
         range_max: consider candidates up to this rank (exclusive).
-        sampling: ``top``: the best ranked candidates left; ``random``: a uniform draw among them.
+        sampling: top (the best ranked left) or random (a uniform draw among those left).
         absolute_margin: drop a candidate scoring above the positive's score minus this.
-        relative_margin: drop a candidate scoring above ``(1 - relative_margin)`` x the positive's score
-            (NV-Retriever's positive-aware filter; 0.05 is its 95 %).
-        max_score: drop a candidate scoring above this cosine.
-        pooling: for a model without its own pooling (``encoders.load``).
+        relative_margin: drop a candidate scoring above (1 - this) x the positive's score (NV-Retriever's
+            positive-aware filter: 0.05 keeps what scores at most 95 % of the positive).
+        max_score: drop a candidate whose cosine with the anchor is above this.
+        pooling: pooling for a model without its own (default mean).
         batch_size: sentences per encoding batch.
-        chunk_size: queries and corpus rows per block of the exact search (memory ~ chunk_size^2 scores).
-        precision: the encoder's autocast precision.
+        chunk_size: rows and corpus sentences per block of the exact search (memory ~ chunk_size^2 scores).
+        precision: 32, or bf16/16 autocast for the encoder.
         device: cpu, cuda, ... (default: cuda when available).
-        seed: the draw of ``sampling="random"``.
-        progress: where progress lines go (None: nowhere).
-    Returns the summary (``MiningSummary.format()`` prints it).
+        seed: the draw of sampling random.
+        progress: where progress lines go (None: nowhere; the command line: standard error).
     """
     import encoders
 
@@ -270,6 +272,7 @@ def mine_hard_negatives(
                    chunk_size)
     if os.path.exists(output):
         raise FileExistsError(f"{output}: already exists; choose another output (mined files are never overwritten)")
+    sources = [inputs] if isinstance(inputs, str) else list(inputs)
     if not sources:
         raise ValueError("give at least one input file")
     anchors_all: list[str] = []

@@ -241,9 +241,11 @@ def check_config_files(args: Sequence[str], keys: set[str], subclasses: dict[str
                 checker.spec({"class_path": value}, [group], subclasses[group], "the command line")
 
 
-def run_function_command(function: Any, prog: str, description: str, args: Sequence[str] | None) -> Any:
-    """``function`` as a command line (evaluate.py, mine.py): its typed arguments as options, ``--config FILE``,
-    config-file errors that name the file and line, and an unknown or abbreviated option as one error line."""
+def run_function_command(function: Any, prog: str, description: str, args: Sequence[str] | None,
+                         skip: set[str] = frozenset(), run: Any = None) -> Any:
+    """``function`` as a command line (evaluate.py, mine.py): its typed arguments as options (but those in
+    ``skip``), ``--config FILE``, config-file errors that name the file and line, and an unknown or abbreviated
+    option as one error line. ``run`` (default ``function``) is called with the parsed options."""
     import sys
     from argparse import ArgumentError
 
@@ -254,11 +256,11 @@ def run_function_command(function: Any, prog: str, description: str, args: Seque
     parser = ArgumentParser(prog=prog, exit_on_error=False, allow_abbrev=False, description=description,
                             formatter_class=help_formatter())
     parser.add_argument("--config", action=ActionConfigFile, help="options from a YAML file")
-    parser.add_function_arguments(function, as_positional=False)
+    parser.add_function_arguments(function, as_positional=False, skip=set(skip))
     argv = sys.argv[1:] if args is None else list(args)
     check_config_files(argv, {str(k) for k in parser.get_defaults().keys()}, {})
     try:
         config = parser.parse_args(argv)
     except ArgumentError as err:
         raise CommandLineError(explain(err, argv, parser.parse_args)) from None
-    return function(**{k: v for k, v in vars(config).items() if k != "config"})
+    return (run or function)(**{k: v for k, v in vars(config).items() if k != "config"})
