@@ -29,6 +29,17 @@ def _setup():
     return encoder, anchors, positives, negatives
 
 
+def save_ddp_average(encoder: torch.nn.Module, loss: torch.Tensor, rank: int, out_path: str) -> None:
+    """What DDP does: average the parameter gradients over the ranks (and here the loss, for the report); rank 0
+    saves both."""
+    grad = encoder.weight.grad.clone()
+    dist.all_reduce(grad)
+    mean_loss = loss.detach().clone()
+    dist.all_reduce(mean_loss)
+    if rank == 0:
+        torch.save({"loss": mean_loss / WORLD, "grad": grad / WORLD}, out_path)
+
+
 def _worker(rank: int, port: int, out_path: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
@@ -43,13 +54,7 @@ def _worker(rank: int, port: int, out_path: str) -> None:
         labels = rank * B + torch.arange(B)
         loss, _ = info_nce_loss(a, keys, labels, SCALE)
         loss.backward()
-        # What DDP does: average parameter gradients (and here the loss, for the report).
-        grad = encoder.weight.grad.clone()
-        dist.all_reduce(grad)
-        mean_loss = loss.detach().clone()
-        dist.all_reduce(mean_loss)
-        if rank == 0:
-            torch.save({"loss": mean_loss / WORLD, "grad": grad / WORLD}, out_path)
+        save_ddp_average(encoder, loss, rank, out_path)
     finally:
         dist.destroy_process_group()
 
@@ -109,12 +114,7 @@ def _negatives_worker(rank: int, port: int, out_path: str, matryoshka: bool) -> 
         chunks = [list(c[mine].split(CHUNK)) for c in columns]  # GradCache mini-batches of each local column
         loss = grad_cache_loss(encoder, chunks, _negatives_loss(gather=True, matryoshka=matryoshka))
         loss.backward()
-        grad = encoder.weight.grad.clone()
-        dist.all_reduce(grad)  # what DDP does with parameter gradients
-        mean_loss = loss.detach().clone()
-        dist.all_reduce(mean_loss)
-        if rank == 0:
-            torch.save({"loss": mean_loss / WORLD, "grad": grad / WORLD}, out_path)
+        save_ddp_average(encoder, loss, rank, out_path)
     finally:
         dist.destroy_process_group()
 
