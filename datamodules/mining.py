@@ -86,6 +86,23 @@ class MiningSummary:
     negative_scores: list[float] = field(default_factory=list)  # of the negatives written
     relative_scores: list[float] = field(default_factory=list)  # negative score / its row's positive score
 
+    def quantiles(self) -> dict[str, list[float]]:
+        """The QUANTILES of the written positives' and negatives' scores and of their ratio (empty: none written)."""
+        if not self.negative_scores:
+            return {}
+        return {name: np.nanquantile(np.asarray(values, dtype=np.float64), QUANTILES).tolist()  # torch's stops at 2^24
+                for name, values in (("positive", self.positive_scores), ("negative", self.negative_scores),
+                                     ("negative / positive", self.relative_scores))}
+
+    def figures(self) -> dict[str, float]:
+        """Every count and quantile as one flat mapping (a record's figures)."""
+        out = {"rows": self.rows, "anchors": self.anchors, "corpus": self.corpus, "candidates": self.candidates,
+               **{f"removed {name}": count for name, count in self.removed.items()},
+               "not_sampled": self.not_sampled, "rows_written": self.rows_written, "rows_short": self.rows_short}
+        for name, qs in self.quantiles().items():
+            out.update({f"{name} q{round(q * 100)}": round(v, 4) for q, v in zip(QUANTILES, qs)})
+        return out
+
     def format(self) -> str:
         lines = [f"rows read: {self.rows} ({self.anchors} distinct anchors); corpus: {self.corpus} distinct positives",
                  f"candidates seen: {self.candidates}"]
@@ -96,10 +113,7 @@ class MiningSummary:
         if self.negative_scores:
             head = "quantile".ljust(24) + "".join(f"{q:>8.0%}" for q in QUANTILES)
             lines += ["score distribution of what was written (cosine):", head]
-            for name, values in (("positive", self.positive_scores), ("negative", self.negative_scores),
-                                 ("negative / positive", self.relative_scores)):
-                qs = np.nanquantile(np.asarray(values, dtype=np.float64), QUANTILES)  # torch's stops at 2^24 values
-                lines.append(name.ljust(24) + "".join(f"{v:8.3f}" for v in qs.tolist()))
+            lines += [name.ljust(24) + "".join(f"{v:8.3f}" for v in qs) for name, qs in self.quantiles().items()]
         return "\n".join(lines)
 
 

@@ -186,7 +186,8 @@ def build_plan(args: argparse.Namespace) -> Plan:
     mined = objectives.MINED.format(out=args.out)
     plan.jobs.append(Job("mined_nli", "base", 42, part, lambda: [
         sys.executable, str(ROOT / "mine.py"), "--inputs", f"[{data}/nli/snli.test.tsv,{data}/nli/mnli.dev_matched.tsv]",
-        "--model", objectives.START, "--output", mined, *objectives.MINE], done_glob=mined))
+        "--model", objectives.START, "--output", mined, *objectives.MINE, "--record",
+        str(Path(args.records) / "benchmarks" / "mining_nli")], done_glob=mined))
     for name, (configs, sets) in objectives.NEWER.items():
         sets = tuple(x.format(out=args.out) for x in sets)
         base = (Need("mined_nli"),) if name == "mnr_mined" else ()

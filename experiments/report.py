@@ -484,6 +484,29 @@ def film_pairs(data: Data) -> str:
     return "\n".join(lines)
 
 
+def mining_nli(data: Data) -> str:
+    """What mining the NLI files for the mined row kept and removed, from the newest ``mine.py --record`` record
+    of the campaign (``results/benchmarks/mining_nli/``)."""
+    from datamodules.mining import FILTERS, QUANTILES
+
+    record = newest(data.bench, "mining_nli")
+    if record is None:
+        return "No record yet: the campaign mines the file before the mined row's dev grid."
+    f = record["figures"]
+    removed = "; ".join(f"{name} {f[f'removed {name}']:,}" for name in FILTERS)
+    lines = [bench_header(record), "",
+             f"{f['rows']:,} entailment pairs ({f['anchors']:,} distinct premises) against {f['corpus']:,} distinct "
+             f"hypotheses: {f['candidates']:,} candidates seen. Removed: {removed}. Passed but not sampled: "
+             f"{f['not_sampled']:,}. Rows written: {f['rows_written']:,}; rows left with too few candidates (not "
+             f"written): {f['rows_short']:,}.", "",
+             "| cosine, of what was written | " + " | ".join(f"{q:.0%}" for q in QUANTILES) + " |",
+             "|---" * (len(QUANTILES) + 1) + "|"]
+    for name in ("positive", "negative", "negative / positive"):
+        if f"{name} q0" in f:
+            lines.append(f"| {name} | " + " | ".join(f"{f[f'{name} q{round(q * 100)}']:.3f}" for q in QUANTILES) + " |")
+    return "\n".join(lines)
+
+
 # -- SimCSE and DCLR on one footing (experiments/dclr_protocol.py) ---------------------------------------------
 def protocol_search(data: Data) -> str:
     import dclr_protocol as dp
@@ -681,7 +704,7 @@ BLOCKS: dict[str, Callable[[list[dict]], str]] = {
     "perf_scaling": perf_scaling, "film_rows": film_rows, "film_pairs": film_pairs,
     "protocol_search": protocol_search, "protocol_pairs": protocol_pairs, "protocol_mechanisms": protocol_mechanisms,
     "protocol_transfer": protocol_transfer, "front_simcse_dclr": front_simcse_dclr, "campaign_budget": campaign_budget,
-    "matryoshka_curve": matryoshka_curve,
+    "matryoshka_curve": matryoshka_curve, "mining_nli": mining_nli,
     "front_table": front_table, "front_findings": front_findings, "objectives_where": objectives_where,
     "start_table": start_table, "dev_grids": dev_grids, "test_table": test_table, "per_seed": per_seed_table,
 }

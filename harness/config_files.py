@@ -242,10 +242,11 @@ def check_config_files(args: Sequence[str], keys: set[str], subclasses: dict[str
 
 
 def run_function_command(function: Any, prog: str, description: str, args: Sequence[str] | None,
-                         skip: set[str] = frozenset(), run: Any = None) -> Any:
+                         skip: set[str] = frozenset(), run: Any = None, extra: dict[str, dict] | None = None) -> Any:
     """``function`` as a command line (evaluate.py, mine.py): its typed arguments as options (but those in
     ``skip``), ``--config FILE``, config-file errors that name the file and line, and an unknown or abbreviated
-    option as one error line. ``run`` (default ``function``) is called with the parsed options."""
+    option as one error line. ``extra`` adds options of the command's own (``add_argument``'s keywords); ``run``
+    (default ``function``) is called with every parsed option."""
     import sys
     from argparse import ArgumentError
 
@@ -257,6 +258,8 @@ def run_function_command(function: Any, prog: str, description: str, args: Seque
                             formatter_class=help_formatter())
     parser.add_argument("--config", action=ActionConfigFile, help="options from a YAML file")
     parser.add_function_arguments(function, as_positional=False, skip=set(skip))
+    for name, keywords in (extra or {}).items():
+        parser.add_argument(name, **keywords)
     argv = sys.argv[1:] if args is None else list(args)
     check_config_files(argv, {str(k) for k in parser.get_defaults().keys()}, {})
     try:

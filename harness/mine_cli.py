@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from pathlib import Path
+from typing import Any, Optional
 
 from datamodules.mining import mine_hard_negatives
 
@@ -16,11 +17,26 @@ from .cli import exit_on_user_error
 from .config_files import run_function_command
 
 
-def mine(**options: Any) -> None:
-    """The command: ``mine_hard_negatives`` with its progress on standard error, then its summary."""
+def mine(record: Optional[str] = None, **options: Any) -> None:
+    """The command: ``mine_hard_negatives`` with its progress on standard error, then its summary (and, with
+    ``record``, the summary as a JSON record)."""
+    if record is not None and Path(record).exists() and not Path(record).is_dir():
+        raise ValueError(f"--record {record}: not a folder; give a folder for the summary's records")
     summary = mine_hard_negatives(**options, progress=sys.stderr)
     print(summary.format())
     print(f"mined rows written to {options['output']}")
+    if record is not None:
+        from .measurement import write_record
+
+        folder = Path(record)
+        write_record(folder.name, summary.figures(), root=folder.parent, notes={
+            "inputs": options["inputs"], "model": options["model"], "output": options["output"],
+            "options": {k: v for k, v in options.items() if k not in ("inputs", "model", "output")}})
+
+
+RECORD_HELP = ("also write the summary as a JSON record in this folder (one file per run, named by date and processor, "
+               "never overwritten): the options, inputs and model, the machine, versions, commit and date, and every "
+               "count and quantile")
 
 
 EXAMPLES = """\
@@ -44,5 +60,5 @@ def _run_cli(args: list[str] | None) -> None:
     prog = os.path.basename(sys.argv[0]) or "mine.py"
     summary = " ".join((mine_hard_negatives.__doc__ or "").split("\n\n")[0].split())
     run_function_command(mine_hard_negatives, prog, summary + "\n\n" + EXAMPLES.format(prog=prog), args,
-                         skip={"progress"}, run=mine)
+                         skip={"progress"}, run=mine, extra={"--record": {"type": Optional[str], "help": RECORD_HELP}})
 

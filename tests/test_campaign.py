@@ -334,6 +334,8 @@ def test_the_newer_rows_mine_first_and_score_each_seeds_checkpoint_at_each_trunc
     command = mine.command()
     output = command[command.index("--output") + 1]
     assert output == mine.done_glob and command[command.index("--relative_margin") + 1] == "0.05"
+    # its summary becomes a record that the campaign commits with the others (docs/results/objectives.md shows it)
+    assert command[command.index("--record") + 1] == os.path.join(args.records, "benchmarks", "mining_nli")
     dev = next(j for j in plan.jobs if j.study == "objectives_dev_mnr_mined")
     assert f"data.init_args.train_sources=[{output}]" in dev.command()
     # the mined file lands: its dev grid is ready; Matryoshka's needed nothing

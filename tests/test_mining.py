@@ -166,6 +166,35 @@ def test_command_line_prints_the_summary(tmp_path, tiny_model_dir, fixtures_dir,
     assert len(read_tsv(out)) == int(captured.out.split("rows written: ")[1].split(";")[0])
 
 
+def test_record_keeps_the_summarys_counts_and_quantiles_and_never_overwrites(tmp_path, fixtures_dir, capsys):
+    import json
+
+    source = str(fixtures_dir / "mining" / "pairs.tsv")
+    options = ["--model", OFFLINE_MODEL, "--num_negatives", "2", "--range_max", "8", "--relative_margin", "0.05",
+               "--device", "cpu"]
+    folder = tmp_path / "records" / "mining_fixture"
+    for run in ("a", "b"):
+        mine.main(["--inputs", source, "--output", str(tmp_path / f"{run}.tsv"), *options, "--record", str(folder)])
+    capsys.readouterr()
+    found = sorted(folder.glob("*.json"))
+    assert len(found) == 2  # a second run of the day is a second file
+    record = json.loads(found[0].read_text())
+    # the same options through the library: the record's figures are its summary's
+    summary = mine_hard_negatives(source, OFFLINE_MODEL, str(tmp_path / "c.tsv"), num_negatives=2, range_max=8,
+                                  relative_margin=0.05, device="cpu")
+    assert record["figures"] == json.loads(json.dumps(summary.figures()))
+    assert record["figures"]["removed relative_margin"] == summary.removed["relative_margin"] > 0  # the planted twins
+    assert record["figures"]["negative / positive q100"] <= 0.95  # the filter's bound, in the kept scores
+    assert record["benchmark"] == "mining_fixture" and record["notes"]["options"]["num_negatives"] == 2
+    assert record["notes"]["inputs"] == source and record["notes"]["model"] == OFFLINE_MODEL
+    # a file where the folder should be: refused before any mining
+    taken = write(tmp_path / "taken", "")
+    capsys.readouterr()
+    lines = mine_errors(["--inputs", source, "--output", str(tmp_path / "d.tsv"), *options, "--record", taken], capsys)
+    assert lines == [f"error: --record {taken}: not a folder; give a folder for the summary's records"]
+    assert not (tmp_path / "d.tsv").exists()
+
+
 def test_nli_module_reads_mined_negatives_and_refuses_plain_nli_for_several(tmp_path, tiny_model_dir, fixtures_dir):
     out = tmp_path / "mined.tsv"
     mine_hard_negatives([str(fixtures_dir / "nli" / "train.tsv")], tiny_model_dir, str(out), num_negatives=3,

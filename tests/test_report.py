@@ -361,6 +361,26 @@ def test_the_matryoshka_plot_draws_each_rows_means_and_sds_from_the_records(tmp_
     assert [plots.nice_step(s) for s in (9.0, 0.4, 230.0)] == [2, 0.1, 50]
 
 
+def test_the_mining_block_gives_each_filters_count_and_the_kept_scores_from_the_newest_record(tmp_path):
+    from datamodules.mining import FILTERS, QUANTILES
+
+    def bench(date: str, relative: int) -> dict:
+        figures = {"rows": 1200, "anchors": 1100, "corpus": 1190, "candidates": 36000, "not_sampled": 20000,
+                   "rows_written": 1150, "rows_short": 50, **{f"removed {f}": 0 for f in FILTERS}}
+        figures["removed relative_margin"] = relative
+        figures.update({f"{name} q{round(q * 100)}": q / 2 for name in ("positive", "negative") for q in QUANTILES})
+        return {"benchmark": "mining_nli", "command": ["python", "mine.py"], "date": date, "figures": figures,
+                "machine": {"cpu": "AMD EPYC", "bf16_units": [], "cores": 2, "threads": 1, "gpu": None},
+                "versions": {"torch": "2.13.0"}, "commit": "x", "notes": {}}
+
+    assert report.mining_nli(report.Data([], [], tmp_path)).startswith("No record yet")
+    text = report.mining_nli(report.Data([], [bench("2026-12-05", 7), bench("2026-12-06", 4321)], tmp_path))
+    assert "relative_margin 4,321" in text and "relative_margin 7" not in text and "1,200 entailment pairs" in text
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    assert rows["negative"] == "| negative | 0.000 | 0.025 | 0.125 | 0.250 | 0.375 | 0.475 | 0.500 |"
+    assert "negative / positive" not in rows  # not in this record: no row
+
+
 def test_the_readme_first_commands_come_from_their_record(tmp_path):
     data = report.Data([], [], tmp_path)
     assert "no record yet" in report.readme_first_commands(data)
