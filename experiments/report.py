@@ -548,7 +548,7 @@ def protocol_pairs(data: Data) -> str:
 
     for label, a, b in PAIRS:
         if b in CUT:
-            lines.append(f"| {label} | — | — | — | cut from the campaign: see the budget below | | | |")
+            lines.append(f"| {label} | — | — | — | cut from the campaign: see the budget above | | | |")
             continue
         ra, rb = test_avgs(data, a), test_avgs(data, b)
         seeds = sorted(set(ra) & set(rb))
