@@ -374,7 +374,8 @@ class Runner:
             del self.running[key]
             if state.done(job):
                 landed.append(job)
-                self.say(f"done  {key} ({time.time() - started:.0f} s)", state)
+                self.say(f"done  {key} ({time.time() - started:.0f} s since this start; its record counts every "
+                         "attempt)", state)
             elif code == BUSY:
                 self.busy_until[key] = time.time() + 300
             elif self.stopping:
