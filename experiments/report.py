@@ -8,7 +8,7 @@ text between the markers is this script's, and a hand edit there is undone by th
 ``--check``). Prose outside the blocks quotes no figure: the findings are generated blocks too. Each block is
 a function below, of the records alone (``experiments/records.py``); statistics come from
 ``experiments/stats.py``, paper figures from ``experiments/papers.py``. ``docs/results/cells.csv`` (every
-record, one line each) and the plots (``experiments/plots.py``: SVG text) are written the same way.
+record, one line each) and the plots (``experiments/svg_chart.py``: SVG text) are written the same way.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import plots  # noqa: E402
+import svg_chart  # noqa: E402
 import records  # noqa: E402
 import stats  # noqa: E402
 from objectives import LRS, choose  # noqa: E402
@@ -649,10 +649,10 @@ def matryoshka_plot(data: Data) -> str:
     found = matryoshka_avgs(data)
     series = []
     for label, name in MATRYOSHKA_ROWS:
-        points = [plots.Point(d, s.mean, s.sd) for d, by_seed in found[name].items()
+        points = [svg_chart.Point(d, s.mean, s.sd) for d, by_seed in found[name].items()
                   if (s := stats.summary(list(by_seed.values()))).n]
-        series.append(plots.Series(label, points))
-    return plots.line_chart(series, title="Seven-task STS average (test) at the first d dimensions",
+        series.append(svg_chart.Series(label, points))
+    return svg_chart.line_chart(series, title="Seven-task STS average (test) at the first d dimensions",
                             x_label="dimensions kept (log scale)", y_label="Spearman x 100, mean ± sd over seeds",
                             log2_x=True, empty="No record yet: the campaign runs these rows after the objectives study.")
 

@@ -332,7 +332,7 @@ def test_the_matryoshka_curve_pairs_each_truncation_by_seed(tmp_path):
 def test_the_matryoshka_plot_draws_each_rows_means_and_sds_from_the_records(tmp_path):
     from xml.etree import ElementTree
 
-    import plots
+    import svg_chart
 
     # plain MNR at 384 and 64 dims: 80, 82 and 70, 74; Matryoshka at 64 dims only: 75, 78
     for study, seed, avg in (("objectives_mnr", 42, 80.0), ("objectives_mnr", 43, 82.0),
@@ -358,7 +358,7 @@ def test_the_matryoshka_plot_draws_each_rows_means_and_sds_from_the_records(tmp_
     assert sorted(round(w / scale, 1) for w in whiskers) == [2.8, 4.2, 5.7]
     assert "![" in report.matryoshka_curve(data) and "(matryoshka.svg)" in report.matryoshka_curve(data)
     assert "No record yet" in report.matryoshka_plot(report.Data([], [], tmp_path))
-    assert [plots.nice_step(s) for s in (9.0, 0.4, 230.0)] == [2, 0.1, 50]
+    assert [svg_chart.nice_step(s) for s in (9.0, 0.4, 230.0)] == [2, 0.1, 50]
 
 
 def test_the_mining_block_gives_each_filters_count_and_the_kept_scores_from_the_newest_record(tmp_path):
