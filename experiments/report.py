@@ -244,8 +244,11 @@ def benchmark_records(root: Path) -> list[dict]:
         missing = [k for k in BENCHMARK_FIELDS if k not in record]
         if missing:
             raise records.RecordError(f"{path}: missing field {missing[0]!r}")
-        found.append(record)
-    return sorted(found, key=lambda r: r["date"])
+        # a day's later runs on one processor are <date>-<processor>-2.json, -3 ... (harness.measurement.write_record)
+        later = re.fullmatch(r"(.+)-(\d+)", path.stem)
+        n = int(later.group(2)) if later and path.with_name(later.group(1) + ".json").exists() else 1
+        found.append((record["date"], n, record))
+    return [r for *_, r in sorted(found, key=lambda f: f[:2])]
 
 
 def newest(bench: list[dict], name: str) -> dict | None:

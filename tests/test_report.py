@@ -381,6 +381,20 @@ def test_the_mining_block_gives_each_filters_count_and_the_kept_scores_from_the_
     assert "negative / positive" not in rows  # not in this record: no row
 
 
+def test_a_days_later_benchmark_run_is_the_newest_whatever_its_processors_name(tmp_path, monkeypatch):
+    import harness.measurement as measurement
+
+    monkeypatch.setattr(measurement, "machine", lambda threads=None: {"cpu": "AMD EPYC 7763", "bf16_units": [],
+                                                                      "cores": 2, "threads": 1, "gpu": None})
+    for seconds in (73.0, 22.0, 30.0):  # three runs of one day on one processor: <slug>.json, -2.json, -3.json
+        measurement.write_record("first_commands", {"quickstart_s": seconds}, root=tmp_path / "benchmarks")
+    names = sorted(p.name for p in (tmp_path / "benchmarks" / "first_commands").iterdir())
+    assert names[-1].endswith("-7763.json")  # by name, the first run sorts last ('-' before '.')
+    found = report.benchmark_records(tmp_path)
+    assert [r["figures"]["quickstart_s"] for r in found] == [73.0, 22.0, 30.0]
+    assert report.newest(found, "first_commands")["figures"]["quickstart_s"] == 30.0
+
+
 def test_the_readme_first_commands_come_from_their_record(tmp_path):
     data = report.Data([], [], tmp_path)
     assert "no record yet" in report.readme_first_commands(data)
