@@ -40,7 +40,7 @@ def timed(command: list[str], cwd: Path) -> tuple[float, str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tests", action="store_true", help="also time make test (about half an hour on 2 cores)")
+    parser.add_argument("--tests", action="store_true", help="also time make test (the whole suite)")
     args = parser.parse_args()
     figures: dict[str, float | str] = {"load_start": round(os.getloadavg()[0], 2)}
     with tempfile.TemporaryDirectory() as tmp:
