@@ -70,6 +70,11 @@ def chunked_topk(queries: Tensor, corpus: Tensor, k: int, chunk_size: int = 4096
     return torch.cat(scores), torch.cat(ids)
 
 
+def quantile_key(name: str, q: float) -> str:
+    """The figure's name of one quantile of a mining summary: ``"negative q95"``."""
+    return f"{name} q{round(q * 100)}"
+
+
 @dataclass
 class MiningSummary:
     """What mining saw and kept: the counts of each filter and the kept scores (cosines)."""
@@ -100,7 +105,7 @@ class MiningSummary:
                **{f"removed {name}": count for name, count in self.removed.items()},
                "not_sampled": self.not_sampled, "rows_written": self.rows_written, "rows_short": self.rows_short}
         for name, qs in self.quantiles().items():
-            out.update({f"{name} q{round(q * 100)}": round(v, 4) for q, v in zip(QUANTILES, qs)})
+            out.update({quantile_key(name, q): round(v, 4) for q, v in zip(QUANTILES, qs)})
         return out
 
     def format(self) -> str:

@@ -24,14 +24,15 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import svg_chart  # noqa: E402
 import records  # noqa: E402
 import stats  # noqa: E402
+import svg_chart  # noqa: E402
 from objectives import LRS, choose  # noqa: E402
 from papers import PAPERS, SBERT_STSB, PaperRow  # noqa: E402
 from records import DEV, ROOT, STS  # noqa: E402
 
 from harness.figures import figure  # noqa: E402  (the one rounding rule: evaluate.py prints with it too)
+from harness.measurement import in_clone  # noqa: E402
 
 BLOCK = re.compile(r"(<!-- report:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /report:(?P=name) -->)", re.S)
 PAGES = ("README.md", "docs/RESULTS.md", "docs/results/objectives.md", "docs/results/simcse_dclr.md",
@@ -269,8 +270,7 @@ def command_of(record: dict) -> str:
     ``$SENTEMB_DATA``, and any other path of the machine that ran it as its option's name (``--cache CACHE``)."""
     root = record.get("data_root")
     words = []
-    for word in record["command"]:
-        word = word.replace(str(ROOT) + "/", "")
+    for word in in_clone(record["command"]):  # a record written before the clone's paths were made relative
         word = word.replace(root, "$SENTEMB_DATA") if root else word
         if word.startswith("/") and words and words[-1].startswith("--"):
             word = words[-1].lstrip("-").upper()
@@ -490,7 +490,7 @@ def film_pairs(data: Data) -> str:
 def mining_nli(data: Data) -> str:
     """What mining the NLI files for the mined row kept and removed, from the newest ``mine.py --record`` record
     of the campaign (``results/benchmarks/mining_nli/``)."""
-    from datamodules.mining import FILTERS, QUANTILES
+    from datamodules.mining import FILTERS, QUANTILES, quantile_key
 
     record = newest(data.bench, "mining_nli")
     if record is None:
@@ -506,7 +506,7 @@ def mining_nli(data: Data) -> str:
              "|---" * (len(QUANTILES) + 1) + "|"]
     for name in ("positive", "negative", "negative / positive"):
         if f"{name} q0" in f:
-            lines.append(f"| {name} | " + " | ".join(f"{f[f'{name} q{round(q * 100)}']:.3f}" for q in QUANTILES) + " |")
+            lines.append(f"| {name} | " + " | ".join(f"{f[quantile_key(name, q)]:.3f}" for q in QUANTILES) + " |")
     return "\n".join(lines)
 
 
@@ -617,6 +617,7 @@ def front_simcse_dclr(data: Data) -> str:
 
 MATRYOSHKA_ROWS = (("plain MNR", "mnr"), ("Matryoshka MNR", "mnr_matryoshka"))
 MATRYOSHKA_PLOT = "docs/results/matryoshka.svg"
+MATRYOSHKA_EMPTY = "No record yet: the campaign runs these rows after the objectives study."
 
 
 def matryoshka_avgs(data: list[dict]) -> dict[str, dict[int, dict[int, float]]]:
@@ -632,7 +633,7 @@ def matryoshka_curve(data: Data) -> str:
     """Plain MNR and Matryoshka MNR on the seven test tasks at each dimension, as a table and its plot."""
     found = matryoshka_avgs(data)
     if not any(by_seed for by_dim in found.values() for by_seed in by_dim.values()):
-        return "No record yet: the campaign runs these rows after the objectives study."
+        return MATRYOSHKA_EMPTY
     lines = ["| dimensions | " + " | ".join(label for label, _ in MATRYOSHKA_ROWS)
              + " | Matryoshka - plain, paired by seed |", "|---|---|---|---|"]
     for d in found["mnr"]:
@@ -656,8 +657,8 @@ def matryoshka_plot(data: Data) -> str:
                   if (s := stats.summary(list(by_seed.values()))).n]
         series.append(svg_chart.Series(label, points))
     return svg_chart.line_chart(series, title="Seven-task STS average (test) at the first d dimensions",
-                            x_label="dimensions kept (log scale)", y_label="Spearman x 100, mean ± sd over seeds",
-                            log2_x=True, empty="No record yet: the campaign runs these rows after the objectives study.")
+                                x_label="dimensions kept (log scale)", y_label="Spearman x 100, mean ± sd over seeds",
+                                log2_x=True, empty=MATRYOSHKA_EMPTY)
 
 
 def campaign_budget(data: Data) -> str:

@@ -33,6 +33,12 @@ def set_threads(threads: int | None) -> int:
     return torch.get_num_threads()
 
 
+def in_clone(words: list[str]) -> list[str]:
+    """A command line with this clone's paths relative to its root, so that a record names the same command
+    wherever the clone lies (the campaign passes absolute paths)."""
+    return [word.replace(str(provenance.ROOT) + "/", "") for word in words]
+
+
 def write_record(name: str, figures: dict[str, float | str], threads: int | None = None, notes: dict | None = None,
                  root: Path = RECORDS) -> Path:
     """The run's record, ``results/benchmarks/<name>/<date>-<processor>.json`` (a second run of a day on the same
@@ -54,7 +60,7 @@ def write_record(name: str, figures: dict[str, float | str], threads: int | None
     while path.exists():
         n += 1
         path = folder / f"{date}-{slug}-{n}.json"
-    record = {"schema": 1, "benchmark": name, "command": ["python", *sys.argv], "machine": info,
+    record = {"schema": 1, "benchmark": name, "command": ["python", *in_clone(sys.argv)], "machine": info,
               "versions": provenance.versions(), "commit": provenance.commit(), "date": date,
               "data_root": os.environ.get("SENTEMB_DATA"), "figures": figures, "notes": notes or {}}
     path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")

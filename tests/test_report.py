@@ -222,6 +222,20 @@ def test_a_benchmark_command_names_no_path_of_the_machine_that_ran_it():
                                          "--senteval_path SENTEVAL_PATH --threads 2 --cache CACHE`")
 
 
+def test_a_record_names_the_clones_paths_relative_to_it_so_the_docs_are_the_same_in_any_clone(tmp_path,
+                                                                                               monkeypatch):
+    import harness.measurement as measurement
+
+    monkeypatch.setattr(measurement, "machine", lambda threads=None: {"cpu": "AMD EPYC", "bf16_units": [],
+                                                                      "cores": 2, "threads": 1, "gpu": None})
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "mine.py"), "--inputs", f"[{ROOT}/a.tsv,/data/b.tsv]", "--output",
+                                      str(ROOT / "runs" / "mined.tsv"), "--cache", "/scratch/x"])
+    path = measurement.write_record("mining_nli", {"rows": 1.0}, root=tmp_path)
+    command = json.loads(path.read_text())["command"]
+    assert command == ["python", "mine.py", "--inputs", "[a.tsv,/data/b.tsv]", "--output", "runs/mined.tsv",
+                       "--cache", "/scratch/x"]
+
+
 def test_the_scaling_table_runs_each_sweep_from_its_smallest_point(project):
     """The record's keys come sorted as text ("batch 1024" before "batch 64"); the table orders each sweep by size
     and divides each step by its work against the sweep's smallest point (worked out by hand below)."""
@@ -362,13 +376,13 @@ def test_the_matryoshka_plot_draws_each_rows_means_and_sds_from_the_records(tmp_
 
 
 def test_the_mining_block_gives_each_filters_count_and_the_kept_scores_from_the_newest_record(tmp_path):
-    from datamodules.mining import FILTERS, QUANTILES
+    from datamodules.mining import FILTERS, QUANTILES, quantile_key
 
     def bench(date: str, relative: int) -> dict:
         figures = {"rows": 1200, "anchors": 1100, "corpus": 1190, "candidates": 36000, "not_sampled": 20000,
                    "rows_written": 1150, "rows_short": 50, **{f"removed {f}": 0 for f in FILTERS}}
         figures["removed relative_margin"] = relative
-        figures.update({f"{name} q{round(q * 100)}": q / 2 for name in ("positive", "negative") for q in QUANTILES})
+        figures.update({quantile_key(name, q): q / 2 for name in ("positive", "negative") for q in QUANTILES})
         return {"benchmark": "mining_nli", "command": ["python", "mine.py"], "date": date, "figures": figures,
                 "machine": {"cpu": "AMD EPYC", "bf16_units": [], "cores": 2, "threads": 1, "gpu": None},
                 "versions": {"torch": "2.13.0"}, "commit": "x", "notes": {}}
