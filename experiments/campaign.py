@@ -101,8 +101,13 @@ class Job:
     needs: tuple[Need, ...] = ()
     kin: tuple[str, ...] = ()  # studies whose wall times estimate this one's
     steps: int | None = None  # optimizer steps it trains: a kin record's wall time is scaled to them
-    done_glob: str | None = None  # a job that writes no cell record: done when this glob finds a file
+    done_glob: str | None = None  # a job that writes no cell record: done when this glob finds a (committed) record
     task: int | None = None  # the cell's index in its grid (grid.py --task)
+    # a file that the cells needing this job read (ignored by git, so a fresh clone lacks it): while it is missing,
+    # the job counts as done by its record but its dependants wait, and the queue writes the file again with
+    # ``remake``, the same command without a new record
+    output: str | None = None
+    remake: Callable[[], list[str]] | None = None
 
     @property
     def key(self) -> str:
@@ -184,10 +189,12 @@ def build_plan(args: argparse.Namespace) -> Plan:
     # Matryoshka row and plain MNR scored at each truncation (an evaluation of each seed's chosen checkpoint)
     part = "2b mined, matryoshka"
     mined = objectives.MINED.format(out=args.out)
-    plan.jobs.append(Job("mined_nli", "base", 42, part, lambda: [
-        sys.executable, str(ROOT / "mine.py"), "--inputs", f"[{data}/nli/snli.test.tsv,{data}/nli/mnli.dev_matched.tsv]",
-        "--model", objectives.START, "--output", mined, *objectives.MINE, "--record",
-        str(Path(args.records) / "benchmarks" / "mining_nli")], done_glob=mined))
+    mine = [sys.executable, str(ROOT / "mine.py"), "--inputs",
+            f"[{data}/nli/snli.test.tsv,{data}/nli/mnli.dev_matched.tsv]", "--model", objectives.START, "--output",
+            mined, *objectives.MINE]
+    mining_records = Path(args.records) / "benchmarks" / "mining_nli"
+    plan.jobs.append(Job("mined_nli", "base", 42, part, lambda: [*mine, "--record", str(mining_records)],
+                         done_glob=str(mining_records / "*.json"), output=mined, remake=lambda: mine))
     for name, (configs, sets) in objectives.NEWER.items():
         sets = tuple(x.format(out=args.out) for x in sets)
         base = (Need("mined_nli"),) if name == "mnr_mined" else ()
@@ -247,9 +254,16 @@ class State:
             return bool(globlib.glob(job.done_glob))
         return job.key in self.done_keys
 
+    def usable(self, job: Job) -> bool:
+        """Done, and the file it writes for the cells that need it is on disk."""
+        return self.done(job) and (job.output is None or os.path.exists(job.output))
+
+    def needed(self, job: Job) -> list[Job]:
+        return [j for need in job.needs for j in self.planned.get(need.study, [])
+                if need.seed is None or j.seed == need.seed]
+
     def ready(self, job: Job) -> bool:
-        return all(self.done(j) for need in job.needs for j in self.planned.get(need.study, [])
-                   if need.seed is None or j.seed == need.seed)
+        return all(self.usable(j) for j in self.needed(job))
 
     def walls(self, study: str, steps: int | None = None) -> list[float]:
         """Core-seconds of the study's records, each scaled to ``steps`` optimizer steps when given."""
@@ -332,6 +346,7 @@ class Runner:
         self.args, self.plan = args, plan
         self.running: dict[str, tuple[Job, subprocess.Popen, float]] = {}
         self.failed: set[str] = set()
+        self.remaking: set[str] = set()  # done jobs writing their output file again (Job.remake)
         self.busy_until: dict[str, float] = {}
         self.stopping: str | None = None
         self.tty = sys.stdout.isatty()
@@ -349,8 +364,9 @@ class Runner:
     def state(self) -> State:
         return State(self.plan, self.args.records)
 
-    def start(self, job: Job) -> None:
-        command = job.command()
+    def start(self, job: Job, state: State) -> None:
+        remake = state.done(job)
+        command = job.remake() if remake else job.command()
         if job.task is not None:
             command = [*command, "--task", str(job.task)]
         log = open(self.args.out / "campaign.log", "a")
@@ -362,6 +378,8 @@ class Runner:
         child = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         self.running[job.key] = (job, child, time.time())
+        if remake:
+            self.remaking.add(job.key)
 
     def reap(self) -> list[Job]:
         """The cells whose process ended; returns those that landed a record."""
@@ -372,7 +390,16 @@ class Runner:
             if code is None:
                 continue
             del self.running[key]
-            if state.done(job):
+            if key in self.remaking:
+                self.remaking.discard(key)
+                if state.usable(job):
+                    self.say(f"remade {job.output} ({time.time() - started:.0f} s); its record was already there",
+                             state)
+                elif not self.stopping:
+                    self.failed.add(key)
+                    self.say(f"FAILED to remake {job.output} (exit {code}): see {self.args.out / 'campaign.log'}",
+                             state)
+            elif state.done(job):
                 landed.append(job)
                 self.say(f"done  {key} ({time.time() - started:.0f} s since this start; its record counts every "
                          "attempt)", state)
@@ -398,9 +425,14 @@ class Runner:
         sys.stdout.flush()
 
     def next_ready(self, state: State) -> list[Job]:
+        """The cells to start, in plan order: those without a record whose needs are met, and the done jobs whose
+        output file a waiting cell needs but a fresh clone lacks (written again, without a new record)."""
         now = time.time()
-        return [j for j in self.plan.jobs if not state.done(j) and j.key not in self.running
-                and j.key not in self.failed and self.busy_until.get(j.key, 0) <= now and state.ready(j)]
+        left = [j for j in self.plan.jobs if not state.done(j)]
+        missing = {n.key for j in left for n in state.needed(j) if state.done(n) and not state.usable(n)}
+        return [j for j in self.plan.jobs if (not state.done(j) or j.key in missing) and j.key not in self.running
+                and j.key not in self.failed and self.busy_until.get(j.key, 0) <= now
+                and (j.key in missing or state.ready(j))]
 
     def run(self) -> int:
         self.install()
@@ -417,7 +449,7 @@ class Runner:
             state = self.state()
             for job in self.next_ready(state)[: self.args.jobs - len(self.running)]:
                 try:
-                    self.start(job)
+                    self.start(job, state)
                 except Exception as err:  # a choice that cannot be read: the cell waits, the others go on
                     self.failed.add(job.key)
                     self.say(f"FAILED {job.key}: {err}", state)

@@ -272,6 +272,33 @@ def test_a_cells_wall_time_counts_every_attempt(tmp_path):
     assert float((cell / "elapsed_s").read_text()) == pytest.approx(1260, abs=5)
 
 
+def test_a_done_job_whose_output_a_fresh_clone_lacks_is_remade_without_a_second_record(tmp_path, capsys):
+    args = argparse.Namespace(jobs=2, threads=1, commit=False, records=tmp_path / "records", out=tmp_path / "out",
+                              poll=0.1)
+    made, used = tmp_path / "out" / "made.tsv", tmp_path / "records" / "use" / "done.json"
+    folder = tmp_path / "records" / "make"
+    folder.mkdir(parents=True)
+    (folder / "first.json").write_text("{}")  # committed: the job is done, but its file is not in this clone
+
+    def python(code: str) -> list[str]:
+        return [sys.executable, "-c", code]
+
+    write_file = f"open({str(made)!r}, 'w').write('pairs')"
+    plan = campaign.Plan([
+        campaign.Job("make", "base", 42, "1", lambda: python(f"{write_file}; open({str(folder / 'second.json')!r}, "
+                                                             "'w').write('{}')"),
+                     done_glob=str(folder / "*.json"), output=str(made), remake=lambda: python(write_file)),
+        campaign.Job("use", "base", 42, "1", lambda: python(
+            f"import os; assert open({str(made)!r}).read() == 'pairs'; os.makedirs({str(used.parent)!r}); "
+            f"open({str(used)!r}, 'w').write('{{}}')"), needs=(campaign.Need("make"),), done_glob=str(used))])
+    runner = campaign.Runner(args, plan)
+    assert [j.study for j in runner.next_ready(runner.state())] == ["make"]
+    assert runner.run() == 0
+    out = capsys.readouterr().out
+    assert f"remade {made}" in out and "done  use/base/seed42" in out
+    assert sorted(p.name for p in folder.iterdir()) == ["first.json"] and used.exists()
+
+
 def test_progress_is_a_bar_on_a_terminal_and_a_line_per_cell_elsewhere(tmp_path, capsys):
     args = argparse.Namespace(jobs=2, threads=1, commit=False, records=tmp_path / "records", out=tmp_path / "out",
                               poll=0.1)
@@ -333,12 +360,19 @@ def test_the_newer_rows_mine_first_and_score_each_seeds_checkpoint_at_each_trunc
     assert mine.key in ready and not any(k.startswith("objectives_dev_mnr_mined/") for k in ready)
     command = mine.command()
     output = command[command.index("--output") + 1]
-    assert output == mine.done_glob and command[command.index("--relative_margin") + 1] == "0.05"
-    # its summary becomes a record that the campaign commits with the others (docs/results/objectives.md shows it)
-    assert command[command.index("--record") + 1] == os.path.join(args.records, "benchmarks", "mining_nli")
+    assert output == mine.output and command[command.index("--relative_margin") + 1] == "0.05"
+    # its summary becomes a record that the campaign commits with the others (docs/results/objectives.md shows it);
+    # the record, not the mined file (which git ignores), says the job is done, so a fresh clone counts it the same
+    folder = os.path.join(args.records, "benchmarks", "mining_nli")
+    assert command[command.index("--record") + 1] == folder
+    assert mine.remake() == command[:command.index("--record")]
     dev = next(j for j in plan.jobs if j.study == "objectives_dev_mnr_mined")
     assert f"data.init_args.train_sources=[{output}]" in dev.command()
-    # the mined file lands: its dev grid is ready; Matryoshka's needed nothing
+    os.makedirs(folder)
+    open(os.path.join(folder, "2026-12-06-cpu.json"), "w").close()
+    state = campaign.State(plan, args.records)
+    assert state.done(mine) and not state.usable(mine) and dev.key not in keys(plan, state)
+    # the mined file lands too: its dev grid is ready; Matryoshka's needed nothing
     os.makedirs(os.path.dirname(output))
     open(output, "w").close()
     assert globlib.glob(mine.done_glob)
