@@ -155,18 +155,44 @@ def start_table(all_records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def at_the_edge(label: str, chosen: dict | None, knobs: dict[str, tuple[str, ...]]) -> list[str]:
+    """Where a dev choice sits on the border of what was searched, so that its optimum may lie outside: a numeric
+    knob at its grid's smallest or largest value, or the best checkpoint at the run's last dev evaluation."""
+    if chosen is None:
+        return []
+    found = []
+    for key, grid in knobs.items():
+        value = chosen["values"].get(key)
+        if len(grid) > 1 and value in grid:
+            ordered = sorted(grid, key=float)
+            if value in (ordered[0], ordered[-1]):
+                end = "smallest" if value == ordered[0] else "largest"
+                found.append(f"{label}, {key.rsplit('.', 1)[-1]} {value} (the {end} searched)")
+    last = max(point["step"] for point in chosen["dev_curve"])
+    if last and chosen["selection"]["step"] == last:
+        found.append(f"{label}, its best checkpoint at the last dev evaluation (step {last})")
+    return found
+
+
+def edge_paragraph(found: list[str]) -> list[str]:
+    return ["", "Choices on the edge of their search, whose optimum may lie outside it: " + "; ".join(found) + "."] \
+        if found else []
+
+
 def dev_grids(all_records: list[dict]) -> str:
     lines = ["| objective | lr | best step | STS-B dev | SICK-R dev | dev mean | chosen |", "|---|---|---|---|---|---|---|"]
+    edges = []
     for row in OBJECTIVES:
         if row.budget != "lr":
             continue
         dev = records.select(all_records, f"objectives_dev_{row.stem}")
         chosen = choose(dev)
+        edges += at_the_edge(row.label, chosen, {"model.init_args.lr": LRS})
         for r in sorted(dev, key=lambda r: LRS.index(lr_of(r))):
             mark = "**yes**" if chosen is not None and r is chosen else ""
             lines.append(f"| {row.label} | {lr_of(r)} | {r['selection']['step']} | {fmt(r['dev']['stsb'])} | "
                          f"{fmt(r['dev']['sickr'])} | {fmt(dev_mean(r))} | {mark} |")
-    return "\n".join(lines)
+    return "\n".join(lines + edge_paragraph(edges))
 
 
 def test_table(all_records: list[dict]) -> str:
@@ -515,9 +541,9 @@ def protocol_search(data: Data) -> str:
     import dclr_protocol as dp
 
     lines = []
-    for what, studies, keys in (("SimCSE", ("protocol_simcse_dev",), (f"{dp.M}augmentation", f"{dp.M}lr")),
-                                ("DCLR", ("protocol_dclr_dev_phi", "protocol_dclr_dev_quantile"),
-                                 (f"{dp.M}noise_beta", f"{dp.M}phi", f"{dp.M}phi_quantile"))):
+    for what, studies, knobs in (("SimCSE", ("protocol_simcse_dev",), {f"{dp.M}lr": dp.LRS}),
+                                 ("DCLR", ("protocol_dclr_dev_phi", "protocol_dclr_dev_quantile"),
+                                  {f"{dp.M}noise_beta": dp.BETAS, f"{dp.M}phi_quantile": dp.QUANTILES})):
         found = [r for st in studies for r in records.select(data, st)]
         chosen = dp.choose(found)
         lines += [f"**{what}**: {len(found)} of {dp.BUDGET} dev cells"
@@ -527,7 +553,7 @@ def protocol_search(data: Data) -> str:
             mark = " **(chosen)**" if chosen is not None and r is chosen else ""
             lines.append(f"| {r['cell']}{mark} | {r['selection']['step']} | {fmt(r['dev']['stsb'])} | "
                          f"{fmt(r['dev']['sickr'])} | {fmt(dp.dev_mean(r))} |")
-        lines.append("")
+        lines += [*edge_paragraph(at_the_edge(what, chosen, knobs)), ""]
     return "\n".join(lines).rstrip()
 
 

@@ -222,6 +222,22 @@ def test_a_benchmark_command_names_no_path_of_the_machine_that_ran_it():
                                          "--senteval_path SENTEVAL_PATH --threads 2 --cache CACHE`")
 
 
+def test_a_dev_choice_on_the_edge_of_its_search_is_named_and_one_inside_it_is_not():
+    def dev(lr: str, mean: float, best: int) -> dict:
+        r = record("objectives_dev_triplet", f"lr={lr}", 42, None, dev=(mean, mean), lr=lr)
+        r["dev_curve"] = [{"step": s, "stsb": 1.0, "sickr": 1.0} for s in (0, 100, 200, 300)]
+        r["selection"]["step"] = best
+        return r
+
+    grid = [dev("1e-5", 80.0, 100), dev("3e-5", 82.0, 200), dev("5e-5", 81.0, 300)]
+    assert "edge of their search" not in report.dev_grids(grid)  # 3e-5, best at step 200 of 300
+    grid[2] = dev("5e-5", 83.0, 200)
+    assert "SBERT triplet (NLI), lr 5e-5 (the largest searched)." in report.dev_grids(grid)
+    grid[1] = dev("3e-5", 84.0, 300)
+    assert "SBERT triplet (NLI), its best checkpoint at the last dev evaluation (step 300)." in report.dev_grids(grid)
+    assert "edge" not in report.dev_grids(grid[:2])  # no choice before the grid is whole
+
+
 def test_a_record_names_the_clones_paths_relative_to_it_so_the_docs_are_the_same_in_any_clone(tmp_path,
                                                                                                monkeypatch):
     import harness.measurement as measurement
