@@ -596,10 +596,16 @@ MECHANISMS = ("masked_fraction", "kept_comp_cosine", "masked_comp_cosine", "nois
               "distill_student_positive_mass")
 
 
+# what every in-batch arm logs (lightning_modules/ranking.py's diagnostics): how much work its task leaves
+TASK_SCALARS = ("loss", "accuracy", "alignment", "uniformity")
+
+
 def protocol_mechanisms(data: Data) -> str:
-    """Each arm's training scalars, mean over its logged steps, then over seeds: whether each mechanism acted."""
+    """Each arm's training scalars, mean over its logged steps, then over seeds: how hard its task was, and
+    whether each mechanism acted."""
     studies = [st for _, a, b in PAIRS for st in (a, b)]
-    shown = [m for m in MECHANISMS if any(m in r["mechanisms"] for st in studies for r in records.select(data, st))]
+    shown = [m for m in (*TASK_SCALARS, *MECHANISMS)
+             if any(m in r["mechanisms"] for st in studies for r in test_records(records.select(data, st)))]
     if not shown:
         return "No arm has finished yet."
     lines = ["| arm | seeds | " + " | ".join(shown) + " |", "|---|---|" + "---|" * len(shown)]

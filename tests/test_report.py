@@ -238,6 +238,23 @@ def test_a_dev_choice_on_the_edge_of_its_search_is_named_and_one_inside_it_is_no
     assert "edge" not in report.dev_grids(grid[:2])  # no choice before the grid is whole
 
 
+def test_the_mechanism_table_shows_each_finished_arms_task_scalars_and_only_the_mechanisms_it_logged(tmp_path):
+    def arm(study: str, seed: int, **scalars: float) -> dict:
+        r = record(study, "base", seed, 77.0)
+        r["mechanisms"] = {k: {"mean": v, "last": v, "n": 8} for k, v in scalars.items()}
+        return r
+
+    assert report.protocol_mechanisms(report.Data([], [], tmp_path)) == "No arm has finished yet."
+    dev = record("protocol_dclr_dev_phi", "noise_beta=0.1", 42, None)  # a dev cell is no arm
+    dev["mechanisms"] = {"masked_fraction": {"mean": 0.5, "last": 0.5, "n": 8}}
+    found = [arm("protocol_simcse", 42, loss=0.002, accuracy=1.0), arm("protocol_simcse", 43, loss=0.004, accuracy=1.0),
+             arm("protocol_dclr", 42, loss=0.5, accuracy=0.75, masked_fraction=0.25), dev]
+    lines = report.protocol_mechanisms(report.Data(found, [], tmp_path)).splitlines()
+    assert lines[0] == "| arm | seeds | loss | accuracy | masked_fraction |"
+    assert lines[2] == "| protocol_simcse | 2 | 0.0030 ± 0.0014 | 1.0000 ± 0.0000 | — |"
+    assert lines[3] == "| protocol_dclr | 1 | 0.5000 | 0.7500 | 0.2500 |"
+
+
 def test_a_record_names_the_clones_paths_relative_to_it_so_the_docs_are_the_same_in_any_clone(tmp_path,
                                                                                                monkeypatch):
     import harness.measurement as measurement
