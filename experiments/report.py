@@ -638,8 +638,11 @@ def front_simcse_dclr(data: Data) -> str:
     ra, rb = test_avgs(data, "protocol_simcse"), test_avgs(data, "protocol_dclr")
     seeds = sorted(set(ra) & set(rb))
     if len(seeds) < 2:
-        return ("SimCSE and DCLR at an equal tuning budget under the papers' protocol: no paired seeds have a record "
-                "yet ([the study](results/simcse_dclr.md) and its command).")
+        from campaign import SEEDS
+
+        return (f"SimCSE and DCLR at an equal tuning budget under the papers' protocol: fewer than two paired seeds "
+                f"have a record yet (SimCSE {len(ra)} of {len(SEEDS)} seeds, DCLR {len(rb)} of {len(SEEDS)}; "
+                "[the study](results/simcse_dclr.md) and its command).")
     p = stats.paired(ra, rb)
     return (f"SimCSE and DCLR at an equal tuning budget under the papers' protocol (each chosen on dev from the same "
             f"number of cells), paired over {len(seeds)} seeds: DCLR - SimCSE **{p.mean:+.2f}** ± {p.sd:.2f} on the "

@@ -255,6 +255,16 @@ def test_the_mechanism_table_shows_each_finished_arms_task_scalars_and_only_the_
     assert lines[3] == "| protocol_dclr | 1 | 0.5000 | 0.7500 | 0.2500 |"
 
 
+def test_the_front_pages_headline_counts_each_arms_seeds_until_two_are_paired(tmp_path):
+    def data(simcse: tuple[int, ...], dclr: tuple[int, ...]) -> report.Data:
+        return report.Data([record("protocol_simcse", "base", s, 77.0 + s / 100) for s in simcse]
+                           + [record("protocol_dclr", "base", s, 77.5 + s / 100) for s in dclr], [], tmp_path)
+
+    assert "(SimCSE 2 of 5 seeds, DCLR 0 of 5;" in report.front_simcse_dclr(data((42, 43), ()))
+    assert "(SimCSE 2 of 5 seeds, DCLR 1 of 5;" in report.front_simcse_dclr(data((42, 43), (44,)))
+    assert "paired over 2 seeds: DCLR - SimCSE **+0.50** ± 0.00" in report.front_simcse_dclr(data((42, 43), (42, 43)))
+
+
 def test_a_record_names_the_clones_paths_relative_to_it_so_the_docs_are_the_same_in_any_clone(tmp_path,
                                                                                                monkeypatch):
     import harness.measurement as measurement
