@@ -591,13 +591,20 @@ def protocol_pairs(data: Data) -> str:
     return "\n".join(lines)
 
 
-MECHANISMS = ("masked_fraction", "kept_comp_cosine", "masked_comp_cosine", "noise_cos_shift", "distillation_kl",
+MECHANISMS = ("masked_fraction", "masked_fraction_so_far", "masking_batches_so_far", "kept_comp_cosine",
+              "masked_comp_cosine", "noise_cos_shift", "distillation_kl",
               "distill_teacher_entropy", "distill_teacher_positive_mass", "distill_student_entropy",
               "distill_student_positive_mass")
 
 
 # what every in-batch arm logs (lightning_modules/ranking.py's diagnostics): how much work its task leaves
 TASK_SCALARS = ("loss", "accuracy", "alignment", "uniformity")
+
+
+def scalar_of_run(logged: dict, name: str) -> float:
+    """A training scalar's figure for the whole run: a ``*_so_far`` scalar already counts every batch
+    (lightning_modules/dclr.py), so its last logged value; any other, its mean over the logged steps."""
+    return logged["last"] if name.endswith("_so_far") else logged["mean"]
 
 
 def protocol_mechanisms(data: Data) -> str:
@@ -613,7 +620,7 @@ def protocol_mechanisms(data: Data) -> str:
         found = test_records(records.select(data, st))
         if not found:
             continue
-        cells = [stats.summary([r["mechanisms"][m]["mean"] for r in found if m in r["mechanisms"]]).text(4)
+        cells = [stats.summary([scalar_of_run(r["mechanisms"][m], m) for r in found if m in r["mechanisms"]]).text(4)
                  for m in shown]
         lines.append(f"| {st} | {len(found)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -204,6 +204,11 @@ class DCLR(SentenceEmbeddingModule):
             self.complementary.requires_grad_(False).eval()
         # The complementary model is rebuilt from the config, not stored in checkpoints.
         self.strict_loading = False
+        # The weighting over every training batch so far, not only the one in log_every_n_steps that reaches the
+        # logger: [batches, the sum of their masked fractions, batches that masked any negative]. A threshold
+        # such as phi 0.9 may mask at a few batches between two logged ones; these counts show it. They travel
+        # in checkpoints, so a resumed run logs what an uninterrupted one would.
+        self.register_buffer("mask_tally", torch.zeros(3, dtype=torch.float64), persistent=False)
 
     def frozen_modules(self) -> list[nn.Module]:
         return [self.complementary] if self.complementary is not None else []
@@ -211,6 +216,20 @@ class DCLR(SentenceEmbeddingModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_save_checkpoint(checkpoint)
         checkpoint["state_dict"] = {k: v for k, v in checkpoint["state_dict"].items() if not k.startswith("complementary.")}
+        checkpoint["dclr_mask_tally"] = self.mask_tally.tolist()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        super().on_load_checkpoint(checkpoint)
+        if "dclr_mask_tally" in checkpoint:  # absent from checkpoints written before the tally existed
+            self.mask_tally.copy_(torch.tensor(checkpoint["dclr_mask_tally"], dtype=torch.float64))
+
+    def _count_masks(self, masked: Tensor, logs: dict[str, Any]) -> None:
+        """Adds one training batch's mask to ``mask_tally`` and logs the whole run's figures so far."""
+        share = masked.float().mean().double()
+        self.mask_tally += torch.stack([torch.ones_like(share), share, (share > 0).double()])
+        batches, masked_sum, masking = self.mask_tally.unbind()
+        logs["masked_fraction_so_far"] = (masked_sum / batches).float()
+        logs["masking_batches_so_far"] = (masking / batches).float()
 
     def _noise(self, batch_size: int, negatives: int, dim: int, device: torch.device) -> Tensor:
         """k = noise_ratio x the number of in-batch candidates (the global batch when gathering)."""
@@ -274,7 +293,10 @@ class DCLR(SentenceEmbeddingModule):
         def loss_fn(embeddings: list[Tensor]) -> Tensor:
             return self._loss(features, embeddings[0], embeddings[1], once, logs)
 
-        return self.matryoshka(loss_fn)([z1, z2]), logs
+        loss = self.matryoshka(loss_fn)([z1, z2])
+        if "masked" in once and self.training:  # once per batch, whatever the Matryoshka dimensions
+            self._count_masks(once["masked"], logs)
+        return loss, logs
 
     def _loss(self, features: dict[str, Tensor], z1: Tensor, z2: Tensor, once: dict[str, Any],
               logs: dict[str, Any]) -> Tensor:
@@ -309,6 +331,7 @@ class DCLR(SentenceEmbeddingModule):
                     logs["threshold"] = threshold
                 weights = self._weights(comp_neg, threshold)
             masked = weights == 0
+            once["masked"] = masked  # from the complementary model: the same at every Matryoshka dimension
             logs["masked_fraction"] = masked.float().mean()
             if masked.any():
                 logs["masked_comp_cosine"] = comp_neg[masked].mean()

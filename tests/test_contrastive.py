@@ -43,7 +43,8 @@ def test_dclr_complementary_model_frozen_in_eval_and_unchanged(tmp_path, tiny_mo
     optimised = {id(p) for g in cli.trainer.optimizers[0].param_groups for p in g["params"]}
     assert not optimised & {id(p) for p in cli.model.complementary.parameters()}
     metrics = cli.trainer.callback_metrics
-    for name in ("train/masked_fraction", "train/noise_cos_shift", "train/noise_step_norm", "train/noise_lu_after"):
+    for name in ("train/masked_fraction", "train/masked_fraction_so_far", "train/masking_batches_so_far",
+                 "train/noise_cos_shift", "train/noise_step_norm", "train/noise_lu_after"):
         assert name in metrics, name
     checkpoint = torch.load(cli.trainer.checkpoint_callback.last_model_path, weights_only=True)
     assert not any(k.startswith("complementary.") for k in checkpoint["state_dict"])
@@ -111,6 +112,40 @@ def test_dclr_acting_options_move_their_diagnostics(tiny_model_dir):
         _, logs[name] = model.training_loss({"sentence": model.encoder.tokenize(sentences)})
     assert logs["acting"]["noise_cos_shift"] > 100 * abs(logs["paper"]["noise_cos_shift"])
     assert logs["acting"]["masked_fraction"] > 0.05 and "threshold" in logs["acting"]
+
+
+def test_dclr_counts_every_batchs_mask_and_a_resumed_model_goes_on_counting(tiny_model_dir):
+    """The logger sees one step in log_every_n_steps; the tally sees every training batch, and checkpoints keep it."""
+    torch.manual_seed(0)
+    sentences = [f"sentence number {i} about topic {i % 3}" for i in range(12)]
+    batches = [sentences[i:i + 4] for i in (0, 4, 8, 0, 4, 8)]
+
+    def model() -> DCLR:
+        return DCLR(SentenceEncoder(tiny_model_dir), complementary_model=tiny_model_dir, phi=0.9, use_noise=False)
+
+    first = model()
+    first.complementary.load_state_dict({k: torch.randn_like(v) if v.dtype.is_floating_point else v
+                                         for k, v in first.complementary.state_dict().items()})
+    first.train()
+    fractions = []
+    for i, batch in enumerate(batches):
+        if i == 3:  # stop and resume: a new module from the checkpoint's dict
+            checkpoint = {"state_dict": first.state_dict()}
+            first.on_save_checkpoint(checkpoint)
+            resumed = model()
+            resumed.load_state_dict(checkpoint["state_dict"], strict=False)
+            resumed.complementary.load_state_dict(first.complementary.state_dict())
+            resumed.on_load_checkpoint(checkpoint)
+            resumed.train()
+            first = resumed
+        _, logs = first.training_loss({"sentence": first.encoder.tokenize(batch)})
+        fractions.append(float(logs["masked_fraction"]))
+    assert any(f > 0 for f in fractions) and any(f == 0 for f in fractions), fractions  # some batches mask
+    assert logs["masked_fraction_so_far"].item() == pytest.approx(sum(fractions) / len(fractions))
+    assert logs["masking_batches_so_far"].item() == pytest.approx(sum(f > 0 for f in fractions) / len(fractions))
+    first.eval()
+    _, logs = first.training_loss({"sentence": first.encoder.tokenize(batches[0])})
+    assert "masked_fraction_so_far" not in logs and first.mask_tally[0].item() == len(batches)  # eval: not counted
 
 
 def test_dclr_self_as_complementary_model(tiny_model_dir):

@@ -248,11 +248,12 @@ def test_the_mechanism_table_shows_each_finished_arms_task_scalars_and_only_the_
     dev = record("protocol_dclr_dev_phi", "noise_beta=0.1", 42, None)  # a dev cell is no arm
     dev["mechanisms"] = {"masked_fraction": {"mean": 0.5, "last": 0.5, "n": 8}}
     found = [arm("protocol_simcse", 42, loss=0.002, accuracy=1.0), arm("protocol_simcse", 43, loss=0.004, accuracy=1.0),
-             arm("protocol_dclr", 42, loss=0.5, accuracy=0.75, masked_fraction=0.25), dev]
+             arm("protocol_dclr", 42, loss=0.5, accuracy=0.75, masked_fraction=0.25, masking_batches_so_far=0.0), dev]
+    found[2]["mechanisms"]["masking_batches_so_far"]["last"] = 0.125  # the whole run's count: its last value
     lines = report.protocol_mechanisms(report.Data(found, [], tmp_path)).splitlines()
-    assert lines[0] == "| arm | seeds | loss | accuracy | masked_fraction |"
-    assert lines[2] == "| protocol_simcse | 2 | 0.0030 ± 0.0014 | 1.0000 ± 0.0000 | — |"
-    assert lines[3] == "| protocol_dclr | 1 | 0.5000 | 0.7500 | 0.2500 |"
+    assert lines[0] == "| arm | seeds | loss | accuracy | masked_fraction | masking_batches_so_far |"
+    assert lines[2] == "| protocol_simcse | 2 | 0.0030 ± 0.0014 | 1.0000 ± 0.0000 | — | — |"
+    assert lines[3] == "| protocol_dclr | 1 | 0.5000 | 0.7500 | 0.2500 | 0.1250 |"
 
 
 def test_the_front_pages_headline_counts_each_arms_seeds_until_two_are_paired(tmp_path):
