@@ -537,22 +537,31 @@ def mining_nli(data: Data) -> str:
 
 
 # -- SimCSE and DCLR on one footing (experiments/dclr_protocol.py) ---------------------------------------------
+# the training scalars beside each dev cell (the mechanisms table below explains them): whether a search's cells
+# left their objective work to do, and whether DCLR's weighting and noise acted in them
+SEARCH_SCALARS = {"SimCSE": ("loss",), "DCLR": ("loss", "masked_fraction", "masking_batches_so_far", "noise_cos_shift")}
+
+
 def protocol_search(data: Data) -> str:
     import dclr_protocol as dp
 
     lines = []
-    for what, studies, knobs in (("SimCSE", ("protocol_simcse_dev",), {f"{dp.M}lr": dp.LRS}),
-                                 ("DCLR", ("protocol_dclr_dev_phi", "protocol_dclr_dev_quantile"),
-                                  {f"{dp.M}noise_beta": dp.BETAS, f"{dp.M}phi_quantile": dp.QUANTILES})):
+    for what, studies, knobs, scalars in (
+            ("SimCSE", ("protocol_simcse_dev",), {f"{dp.M}lr": dp.LRS}, SEARCH_SCALARS["SimCSE"]),
+            ("DCLR", ("protocol_dclr_dev_phi", "protocol_dclr_dev_quantile"),
+             {f"{dp.M}noise_beta": dp.BETAS, f"{dp.M}phi_quantile": dp.QUANTILES}, SEARCH_SCALARS["DCLR"])):
         found = [r for st in studies for r in records.select(data, st)]
+        scalars = [m for m in scalars if any(m in r["mechanisms"] for r in found)]  # cells logged before one existed
         chosen = dp.choose(found)
         lines += [f"**{what}**: {len(found)} of {dp.BUDGET} dev cells"
                   + (f"; chosen: {chosen['cell']} (dev mean {dp.dev_mean(chosen):.2f})." if chosen else "."), "",
-                  "| cell | best step | STS-B dev | SICK-R dev | dev mean |", "|---|---|---|---|---|"]
+                  "| cell | best step | STS-B dev | SICK-R dev | dev mean | " + " | ".join(scalars) + " |",
+                  "|---|---|---|---|---|" + "---|" * len(scalars)]
         for r in sorted(found, key=lambda r: (r["study"], r["cell"])):
             mark = " **(chosen)**" if chosen is not None and r is chosen else ""
+            logged = [f"{scalar_of_run(r['mechanisms'][m], m):.4f}" if m in r["mechanisms"] else "—" for m in scalars]
             lines.append(f"| {r['cell']}{mark} | {r['selection']['step']} | {fmt(r['dev']['stsb'])} | "
-                         f"{fmt(r['dev']['sickr'])} | {fmt(dp.dev_mean(r))} |")
+                         f"{fmt(r['dev']['sickr'])} | {fmt(dp.dev_mean(r))} | " + " | ".join(logged) + " |")
         lines += [*edge_paragraph(at_the_edge(what, chosen, knobs)), ""]
     return "\n".join(lines).rstrip()
 

@@ -256,6 +256,25 @@ def test_the_mechanism_table_shows_each_finished_arms_task_scalars_and_only_the_
     assert lines[3] == "| protocol_dclr | 1 | 0.5000 | 0.7500 | 0.2500 | 0.1250 |"
 
 
+def test_each_dev_cell_of_a_search_shows_whether_its_mechanisms_acted(tmp_path):
+    def cell(study: str, name: str, dev: tuple[float, float], **scalars: tuple[float, float]) -> dict:
+        r = record(study, name, 42, None, dev=dev)
+        r["mechanisms"] = {k: {"mean": mean, "last": last, "n": 8} for k, (mean, last) in scalars.items()}
+        return r
+
+    found = [cell("protocol_dclr_dev_phi", "noise_beta=0.05,phi=0.9", (86.0, 77.0), loss=(0.004, 0.001),
+                  masked_fraction=(0.0, 0.0), masking_batches_so_far=(0.01, 0.02)),  # logged steps saw no mask
+             cell("protocol_dclr_dev_quantile", "noise_beta=0.05,phi_quantile=0.95", (85.0, 76.0), loss=(0.003, 0.002),
+                  masked_fraction=(0.05, 0.05), noise_cos_shift=(0.2, 0.19)),
+             cell("protocol_simcse_dev", "augmentation=dropout,lr=3e-5", (85.0, 75.0), loss=(0.0025, 0.001))]
+    text = report.protocol_search(report.Data(found, [], tmp_path))
+    assert ("| cell | best step | STS-B dev | SICK-R dev | dev mean | loss | masked_fraction | masking_batches_so_far "
+            "| noise_cos_shift |") in text
+    assert "| noise_beta=0.05,phi=0.9 | 200 | 86.00 | 77.00 | 81.50 | 0.0040 | 0.0000 | 0.0200 | — |" in text
+    assert "| noise_beta=0.05,phi_quantile=0.95 | 200 | 85.00 | 76.00 | 80.50 | 0.0030 | 0.0500 | — | 0.2000 |" in text
+    assert "| augmentation=dropout,lr=3e-5 | 200 | 85.00 | 75.00 | 80.00 | 0.0025 |" in text
+
+
 def test_the_front_pages_headline_counts_each_arms_seeds_until_two_are_paired(tmp_path):
     def data(simcse: tuple[int, ...], dclr: tuple[int, ...]) -> report.Data:
         return report.Data([record("protocol_simcse", "base", s, 77.0 + s / 100) for s in simcse]
