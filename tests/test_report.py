@@ -282,7 +282,10 @@ def test_the_front_pages_headline_counts_each_arms_seeds_until_two_are_paired(tm
 
     assert "(SimCSE 2 of 5 seeds, DCLR 0 of 5;" in report.front_simcse_dclr(data((42, 43), ()))
     assert "(SimCSE 2 of 5 seeds, DCLR 1 of 5;" in report.front_simcse_dclr(data((42, 43), (44,)))
-    assert "paired over 2 seeds: DCLR - SimCSE **+0.50** ± 0.00" in report.front_simcse_dclr(data((42, 43), (42, 43)))
+    assert ("paired over 2 of the 5 planned seeds: DCLR - SimCSE **+0.50** ± 0.00"
+            in report.front_simcse_dclr(data((42, 43), (42, 43))))
+    every = (42, 43, 44, 45, 46)
+    assert "paired over 5 seeds: DCLR - SimCSE **+0.50** ± 0.00" in report.front_simcse_dclr(data(every, every))
 
 
 def test_a_record_names_the_clones_paths_relative_to_it_so_the_docs_are_the_same_in_any_clone(tmp_path,
