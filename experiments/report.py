@@ -546,12 +546,12 @@ def protocol_search(data: Data) -> str:
     import dclr_protocol as dp
 
     lines = []
-    for what, studies, knobs, scalars in (
-            ("SimCSE", ("protocol_simcse_dev",), {f"{dp.M}lr": dp.LRS}, SEARCH_SCALARS["SimCSE"]),
-            ("DCLR", ("protocol_dclr_dev_phi", "protocol_dclr_dev_quantile"),
-             {f"{dp.M}noise_beta": dp.BETAS, f"{dp.M}phi_quantile": dp.QUANTILES}, SEARCH_SCALARS["DCLR"])):
+    for what, studies, knobs in (("SimCSE", ("protocol_simcse_dev",), {f"{dp.M}lr": dp.LRS}),
+                                 ("DCLR", ("protocol_dclr_dev_phi", "protocol_dclr_dev_quantile"),
+                                  {f"{dp.M}noise_beta": dp.BETAS, f"{dp.M}phi_quantile": dp.QUANTILES})):
         found = [r for st in studies for r in records.select(data, st)]
-        scalars = [m for m in scalars if any(m in r["mechanisms"] for r in found)]  # cells logged before one existed
+        # only what some cell logged: cells that ran before a scalar existed lack it
+        scalars = [m for m in SEARCH_SCALARS[what] if any(m in r["mechanisms"] for r in found)]
         chosen = dp.choose(found)
         lines += [f"**{what}**: {len(found)} of {dp.BUDGET} dev cells"
                   + (f"; chosen: {chosen['cell']} (dev mean {dp.dev_mean(chosen):.2f})." if chosen else "."), "",
@@ -617,8 +617,8 @@ def scalar_of_run(logged: dict, name: str) -> float:
 
 
 def protocol_mechanisms(data: Data) -> str:
-    """Each arm's training scalars, mean over its logged steps, then over seeds: how hard its task was, and
-    whether each mechanism acted."""
+    """Each arm's training scalars over its run (``scalar_of_run``), then mean over seeds: how hard its task was,
+    and whether each mechanism acted."""
     studies = [st for _, a, b in PAIRS for st in (a, b)]
     shown = [m for m in (*TASK_SCALARS, *MECHANISMS)
              if any(m in r["mechanisms"] for st in studies for r in test_records(records.select(data, st)))]

@@ -207,8 +207,9 @@ class DCLR(SentenceEmbeddingModule):
         # The weighting over every training batch so far, not only the one in log_every_n_steps that reaches the
         # logger: [batches, the sum of their masked fractions, batches that masked any negative]. A threshold
         # such as phi 0.9 may mask at a few batches between two logged ones; these counts show it. They travel
-        # in checkpoints, so a resumed run logs what an uninterrupted one would.
-        self.register_buffer("mask_tally", torch.zeros(3, dtype=torch.float64), persistent=False)
+        # in checkpoints, so a resumed run logs what an uninterrupted one would. fp32 (MPS has no fp64) counts
+        # batches exactly up to 2**24.
+        self.register_buffer("mask_tally", torch.zeros(3), persistent=False)
 
     def frozen_modules(self) -> list[nn.Module]:
         return [self.complementary] if self.complementary is not None else []
@@ -221,15 +222,15 @@ class DCLR(SentenceEmbeddingModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
         if "dclr_mask_tally" in checkpoint:  # absent from checkpoints written before the tally existed
-            self.mask_tally.copy_(torch.tensor(checkpoint["dclr_mask_tally"], dtype=torch.float64))
+            self.mask_tally.copy_(torch.tensor(checkpoint["dclr_mask_tally"]))
 
     def _count_masks(self, masked: Tensor, logs: dict[str, Any]) -> None:
         """Adds one training batch's mask to ``mask_tally`` and logs the whole run's figures so far."""
-        share = masked.float().mean().double()
-        self.mask_tally += torch.stack([torch.ones_like(share), share, (share > 0).double()])
+        share = masked.float().mean()
+        self.mask_tally += torch.stack([torch.ones_like(share), share, (share > 0).float()])
         batches, masked_sum, masking = self.mask_tally.unbind()
-        logs["masked_fraction_so_far"] = (masked_sum / batches).float()
-        logs["masking_batches_so_far"] = (masking / batches).float()
+        logs["masked_fraction_so_far"] = masked_sum / batches
+        logs["masking_batches_so_far"] = masking / batches
 
     def _noise(self, batch_size: int, negatives: int, dim: int, device: torch.device) -> Tensor:
         """k = noise_ratio x the number of in-batch candidates (the global batch when gathering)."""
