@@ -600,8 +600,11 @@ def protocol_pairs(data: Data) -> str:
     return "\n".join(lines)
 
 
+# masked_comp_cosine_so_far, not the per-step masked_comp_cosine of records made before 2026-12-07: that one was
+# logged only at batches that masked, and Lightning wrote it again at every later logged step
+# (SentenceEmbeddingModule._check_every_step), so its mean over logged steps repeated one batch's value.
 MECHANISMS = ("masked_fraction", "masked_fraction_so_far", "masking_batches_so_far", "kept_comp_cosine",
-              "masked_comp_cosine", "noise_cos_shift", "distillation_kl",
+              "masked_comp_cosine_so_far", "noise_cos_shift", "distillation_kl",
               "distill_teacher_entropy", "distill_teacher_positive_mass", "distill_student_entropy",
               "distill_student_positive_mass")
 
@@ -614,6 +617,13 @@ def scalar_of_run(logged: dict, name: str) -> float:
     """A training scalar's figure for the whole run: a ``*_so_far`` scalar already counts every batch
     (lightning_modules/dclr.py), so its last logged value; any other, its mean over the logged steps."""
     return logged["last"] if name.endswith("_so_far") else logged["mean"]
+
+
+def mechanism_cell(values: list[float], seeds: int) -> str:
+    """The mean ± sd over the seeds that logged the scalar, saying how many when not all of the arm's did
+    (a scalar that records made before it existed lack, or one logged only once something happened)."""
+    text = stats.summary(values).text(4)
+    return text if len(values) in (0, seeds) else f"{text} ({len(values)} of {seeds} seeds)"
 
 
 def protocol_mechanisms(data: Data) -> str:
@@ -629,8 +639,8 @@ def protocol_mechanisms(data: Data) -> str:
         found = test_records(records.select(data, st))
         if not found:
             continue
-        cells = [stats.summary([scalar_of_run(r["mechanisms"][m], m) for r in found if m in r["mechanisms"]]).text(4)
-                 for m in shown]
+        cells = [mechanism_cell([scalar_of_run(r["mechanisms"][m], m) for r in found if m in r["mechanisms"]],
+                                len(found)) for m in shown]
         lines.append(f"| {st} | {len(found)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

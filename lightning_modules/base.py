@@ -97,6 +97,8 @@ class SentenceEmbeddingModule(L.LightningModule):
         self.val_spearman = nn.ModuleDict()
         self.val_names: list[str] = []
         self._val_parts: dict[int, list[tuple[Tensor, Tensor]]] = {}  # dev set -> (rows, embeddings) per batch
+        self._train_keys: set[str] = set()  # every train/ scalar logged so far (training_step's guard)
+        self._train_keys_warned: set[str] = set()
 
     def _check_matryoshka(self, encoder: Any, dims: list[int] | None, weights: list[float] | None,
                           val_dim: int | None) -> None:
@@ -173,13 +175,25 @@ class SentenceEmbeddingModule(L.LightningModule):
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         loss, logs = self.training_loss(batch)
         size = self._batch_size(batch)
-        self.log("train/loss", loss, prog_bar=True, batch_size=size)
-        for name, value in logs.items():
-            self.log(f"train/{name}", value, batch_size=size)
-        for dim, value in self._loss_parts.items():
-            self.log(f"train/loss_dim{dim}", value, batch_size=size)
-        self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"], batch_size=size)
+        scalars = {"train/loss": loss, **{f"train/{name}": value for name, value in logs.items()},
+                   **{f"train/loss_dim{dim}": value for dim, value in self._loss_parts.items()},
+                   "train/lr": self.trainer.optimizers[0].param_groups[0]["lr"]}
+        self._check_every_step(scalars)
+        for name, value in scalars.items():
+            self.log(name, value, prog_bar=name == "train/loss", batch_size=size)
         return loss
+
+    def _check_every_step(self, scalars: dict[str, Any]) -> None:
+        """Warns, once per name, of a training scalar that an earlier step logged and this one does not.
+        Lightning keeps a step's value until the epoch ends and writes it again at every later logged step,
+        so the logs would show a value this step never had, and a mean over logged steps would repeat it.
+        Log such a figure at every step, or as a whole-run figure (DCLR's ``mask_tally``)."""
+        for name in sorted(self._train_keys - scalars.keys() - self._train_keys_warned):
+            warnings.warn(f"{type(self).__name__} logged {name} at an earlier training step but not at step "
+                          f"{self.global_step}: Lightning writes its last value again at the later logged steps; "
+                          "log it at every step, or as a whole-run figure", stacklevel=2)
+            self._train_keys_warned.add(name)
+        self._train_keys |= scalars.keys()
 
     @staticmethod
     def _batch_size(batch: dict[str, Any]) -> int:

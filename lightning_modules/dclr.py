@@ -1,6 +1,7 @@
 """DCLR: debiased contrastive learning with noise negatives and instance weighting."""
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import torch
@@ -10,10 +11,24 @@ from encoders.augment import Augmentation, check_augmentation, positive_view
 from encoders.sentence import Pooling, SentenceEncoder
 
 from .base import SentenceEmbeddingModule
-from .distributed import gather_with_grad
+from .distributed import gather_with_grad, rank_and_world, sum_over_ranks
 from .losses import (anchor_cosines, cosine_similarity_matrix, dclr_loss, dclr_noise_ascent, dclr_official_loss,
                      dclr_weights, distillation_kl, quantile_threshold)
 from .ranking import in_batch_candidates, ranking_diagnostics
+
+
+def mask_counts(masked: Tensor, comp_neg: Tensor) -> Tensor:
+    """One training batch's addition to DCLR's ``mask_tally`` (4,): [1, the share of negatives masked, 1 if any
+    was, the masked negatives' complementary cosines summed over the number of negatives].
+
+    masked, comp_neg: (B, N) this device's anchors against every candidate. Under DDP the figures are the global
+    batch's: every device holds B anchors and N candidates, so the global share is the mean of the devices'
+    shares, and the batch masked if any device did."""
+    share = masked.float().mean()
+    cosine = torch.where(masked, comp_neg.float(), 0.0).sum() / masked.numel()
+    _, world = rank_and_world()
+    total = sum_over_ranks(torch.stack([share, cosine, (share > 0).float()]))  # (3,) summed over devices
+    return torch.stack([torch.ones_like(share), total[0] / world, (total[2] > 0).float(), total[1] / world])
 
 
 def load_complementary(model: str, pooling: Pooling) -> SentenceEncoder:
@@ -205,11 +220,14 @@ class DCLR(SentenceEmbeddingModule):
         # The complementary model is rebuilt from the config, not stored in checkpoints.
         self.strict_loading = False
         # The weighting over every training batch so far, not only the one in log_every_n_steps that reaches the
-        # logger: [batches, the sum of their masked fractions, batches that masked any negative]. A threshold
-        # such as phi 0.9 may mask at a few batches between two logged ones; these counts show it. They travel
-        # in checkpoints, so a resumed run logs what an uninterrupted one would. fp32 (MPS has no fp64) counts
-        # batches exactly up to 2**24.
-        self.register_buffer("mask_tally", torch.zeros(3), persistent=False)
+        # logger: [batches, the sum of their masked fractions, batches that masked any negative, the sum of their
+        # masked negatives' complementary cosines over the number of negatives]. A threshold such as phi 0.9 may
+        # mask at a few batches between two logged ones; these counts show it, and the cosine of what was masked
+        # is a mean over every masked negative of the run (a per-step scalar logged only when a batch masks
+        # would be repeated by Lightning at later logged steps: see BaseModule.training_step). Under DDP each
+        # step's counts are those of the global batch. They travel in checkpoints, so a resumed run logs what an
+        # uninterrupted one would. fp32 (MPS has no fp64) counts batches exactly up to 2**24.
+        self.register_buffer("mask_tally", torch.zeros(4), persistent=False)
 
     def frozen_modules(self) -> list[nn.Module]:
         return [self.complementary] if self.complementary is not None else []
@@ -222,15 +240,20 @@ class DCLR(SentenceEmbeddingModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         super().on_load_checkpoint(checkpoint)
         if "dclr_mask_tally" in checkpoint:  # absent from checkpoints written before the tally existed
-            self.mask_tally.copy_(torch.tensor(checkpoint["dclr_mask_tally"]))
+            tally = list(checkpoint["dclr_mask_tally"])
+            if len(tally) == 3:  # written before the masked cosine was counted: unknown if anything was masked
+                tally.append(0.0 if tally[1] == 0 else math.nan)
+            self.mask_tally.copy_(torch.tensor(tally))
 
-    def _count_masks(self, masked: Tensor, logs: dict[str, Any]) -> None:
-        """Adds one training batch's mask to ``mask_tally`` and logs the whole run's figures so far."""
-        share = masked.float().mean()
-        self.mask_tally += torch.stack([torch.ones_like(share), share, (share > 0).float()])
-        batches, masked_sum, masking = self.mask_tally.unbind()
+    def _count_masks(self, masked: Tensor, comp_neg: Tensor, logs: dict[str, Any]) -> None:
+        """Adds one training batch's mask (B, N) and its negatives' complementary cosines (B, N) to
+        ``mask_tally`` and logs the whole run's figures so far."""
+        self.mask_tally += mask_counts(masked, comp_neg)
+        batches, masked_sum, masking, cosine_sum = self.mask_tally.unbind()
         logs["masked_fraction_so_far"] = masked_sum / batches
         logs["masking_batches_so_far"] = masking / batches
+        if masked_sum > 0 and not cosine_sum.isnan():  # from the first mask on: a mean needs something masked
+            logs["masked_comp_cosine_so_far"] = cosine_sum / masked_sum
 
     def _noise(self, batch_size: int, negatives: int, dim: int, device: torch.device) -> Tensor:
         """k = noise_ratio x the number of in-batch candidates (the global batch when gathering)."""
@@ -296,7 +319,7 @@ class DCLR(SentenceEmbeddingModule):
 
         loss = self.matryoshka(loss_fn)([z1, z2])
         if "masked" in once and self.training:  # once per batch, whatever the Matryoshka dimensions
-            self._count_masks(once["masked"], logs)
+            self._count_masks(*once["masked"], logs)
         return loss, logs
 
     def _loss(self, features: dict[str, Tensor], z1: Tensor, z2: Tensor, once: dict[str, Any],
@@ -332,10 +355,8 @@ class DCLR(SentenceEmbeddingModule):
                     logs["threshold"] = threshold
                 weights = self._weights(comp_neg, threshold)
             masked = weights == 0
-            once["masked"] = masked  # from the complementary model: the same at every Matryoshka dimension
+            once["masked"] = masked, comp_neg  # from the complementary model: the same at every Matryoshka dimension
             logs["masked_fraction"] = masked.float().mean()
-            if masked.any():
-                logs["masked_comp_cosine"] = comp_neg[masked].mean()
             if (~masked).any():
                 logs["kept_comp_cosine"] = comp_neg[~masked].mean()
 

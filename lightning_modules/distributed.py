@@ -72,3 +72,14 @@ def gather_with_grad(t: Tensor) -> Tensor:
     if world == 1:
         return t
     return _AllGatherWithGrad.apply(t)
+
+
+def sum_over_ranks(t: Tensor) -> Tensor:
+    """``t`` summed over ranks (a new tensor; no gradient), ``t`` itself when not distributed. A collective:
+    every rank must call it."""
+    _, world = rank_and_world()
+    if world == 1:
+        return t
+    total = t.detach().clone()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total

@@ -127,7 +127,7 @@ def test_dclr_counts_every_batchs_mask_and_a_resumed_model_goes_on_counting(tiny
     first.complementary.load_state_dict({k: torch.randn_like(v) if v.dtype.is_floating_point else v
                                          for k, v in first.complementary.state_dict().items()})
     first.train()
-    fractions = []
+    fractions, cosines = [], []  # each batch's masked share, and its masked negatives' complementary cosines
     for i, batch in enumerate(batches):
         if i == 3:  # stop and resume: a new module from the checkpoint's dict
             checkpoint = {"state_dict": first.state_dict()}
@@ -138,14 +138,36 @@ def test_dclr_counts_every_batchs_mask_and_a_resumed_model_goes_on_counting(tiny
             resumed.on_load_checkpoint(checkpoint)
             resumed.train()
             first = resumed
-        _, logs = first.training_loss({"sentence": first.encoder.tokenize(batch)})
+        seen = []  # the complementary model's views of this batch, as the weighting saw them (dropout is on)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(first, "_complementary_views",
+                          lambda features, model=first: seen.append(DCLR._complementary_views(model, features)) or seen[-1])
+            _, logs = first.training_loss({"sentence": first.encoder.tokenize(batch)})
+        anchors, candidates = (torch.nn.functional.normalize(v, dim=-1) for v in seen[0])
+        sims = anchors @ candidates.T
         fractions.append(float(logs["masked_fraction"]))
+        off_diagonal = ~torch.eye(len(batch), dtype=torch.bool)
+        cosines += sims[off_diagonal & (sims >= 0.9)].tolist()  # phi 0.9: what the weighting masks
+        assert ("masked_comp_cosine_so_far" in logs) == bool(cosines)  # logged from the first mask on
     assert any(f > 0 for f in fractions) and any(f == 0 for f in fractions), fractions  # some batches mask
     assert logs["masked_fraction_so_far"].item() == pytest.approx(sum(fractions) / len(fractions))
     assert logs["masking_batches_so_far"].item() == pytest.approx(sum(f > 0 for f in fractions) / len(fractions))
+    # the mean over every masked negative of the run, not over batches
+    assert logs["masked_comp_cosine_so_far"].item() == pytest.approx(sum(cosines) / len(cosines), abs=1e-5)
     first.eval()
     _, logs = first.training_loss({"sentence": first.encoder.tokenize(batches[0])})
     assert "masked_fraction_so_far" not in logs and first.mask_tally[0].item() == len(batches)  # eval: not counted
+
+
+def test_dclr_resumes_a_tally_written_before_the_masked_cosine_was_counted(tiny_model_dir):
+    model = DCLR(SentenceEncoder(tiny_model_dir), complementary_model=tiny_model_dir, use_noise=False)
+    model.on_load_checkpoint({"state_dict": {}, "dclr_mask_tally": [10.0, 0.0, 0.0]})  # nothing masked: known, 0
+    assert model.mask_tally.tolist() == [10.0, 0.0, 0.0, 0.0]
+    model.on_load_checkpoint({"state_dict": {}, "dclr_mask_tally": [10.0, 0.5, 2.0]})  # masked: cosine unknown
+    assert model.mask_tally[:3].tolist() == [10.0, 0.5, 2.0] and model.mask_tally[3].isnan()
+    logs = {}
+    model._count_masks(torch.tensor([[True, False]]), torch.tensor([[0.95, 0.1]]), logs)
+    assert "masked_comp_cosine_so_far" not in logs and logs["masked_fraction_so_far"].item() == pytest.approx(1 / 11)
 
 
 def test_dclr_self_as_complementary_model(tiny_model_dir):

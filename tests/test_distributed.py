@@ -135,3 +135,39 @@ def test_two_processes_with_three_negatives_and_grad_cache_match_one_process(tmp
     # the negatives matter: without them the loss differs
     without = _negatives_loss(gather=False, matryoshka=matryoshka)([encoder(c) for c in columns[:2]])
     assert not torch.allclose(without, loss)
+
+
+# -- DCLR's mask tally: each step's counts are the global batch's ---------------------------------------------
+def _mask_setup():
+    torch.manual_seed(0)
+    comp_neg = torch.rand(WORLD * B, 7)  # every anchor's complementary cosines to its candidates
+    masked = comp_neg > 0.8
+    masked[:B] = False  # rank 0's anchors mask nothing; only rank 1's do
+    return masked, comp_neg
+
+
+def _mask_worker(rank: int, port: int, out_path: str) -> None:
+    from lightning_modules.dclr import mask_counts
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    try:
+        masked, comp_neg = _mask_setup()
+        mine = slice(rank * B, (rank + 1) * B)
+        counts = mask_counts(masked[mine], comp_neg[mine])
+        if rank == 0:
+            torch.save(counts, out_path)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_processes_count_dclr_masks_of_the_global_batch(tmp_path):
+    from lightning_modules.dclr import mask_counts
+
+    out_path = str(tmp_path / "rank0.pt")
+    mp.start_processes(_mask_worker, args=(_free_port(), out_path), nprocs=WORLD, join=True, start_method="spawn")
+    masked, comp_neg = _mask_setup()
+    one_process = mask_counts(masked, comp_neg)
+    assert not masked[:B].any() and masked[B:].any()  # rank 0 alone would report a batch without masks
+    assert one_process[2] == 1 and torch.allclose(torch.load(out_path), one_process, atol=1e-7)
+    assert one_process[3] / one_process[1] == pytest.approx(comp_neg[masked].mean().item(), abs=1e-6)

@@ -254,6 +254,12 @@ def test_the_mechanism_table_shows_each_finished_arms_task_scalars_and_only_the_
     assert lines[0] == "| arm | seeds | loss | accuracy | masked_fraction | masking_batches_so_far |"
     assert lines[2] == "| protocol_simcse | 2 | 0.0030 ± 0.0014 | 1.0000 ± 0.0000 | — | — |"
     assert lines[3] == "| protocol_dclr | 1 | 0.5000 | 0.7500 | 0.2500 | 0.1250 |"
+    # a second DCLR seed that logged what the first did not (a newer scalar): the cell says how many seeds have it
+    found.append(arm("protocol_dclr", 43, loss=0.3, accuracy=0.75, masked_fraction=0.25, masking_batches_so_far=0.0,
+                     masked_comp_cosine_so_far=0.95, masked_comp_cosine=0.9))
+    lines = report.protocol_mechanisms(report.Data(found, [], tmp_path)).splitlines()
+    assert lines[0].endswith("| masking_batches_so_far | masked_comp_cosine_so_far |")  # not the per-step one
+    assert lines[3] == "| protocol_dclr | 2 | 0.4000 ± 0.1414 | 0.7500 ± 0.0000 | 0.2500 ± 0.0000 | 0.0625 ± 0.0884 | 0.9500 (1 of 2 seeds) |"
 
 
 def test_each_dev_cell_of_a_search_shows_whether_its_mechanisms_acted(tmp_path):

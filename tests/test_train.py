@@ -259,3 +259,35 @@ def test_a_continuation_that_moves_the_schedule_is_warned(tmp_path, tiny_model_d
                                                               "learning-rate schedule spans the run's total steps")
     else:
         assert warnings == []
+
+
+def test_a_scalar_logged_at_some_steps_only_is_warned(tmp_path, tiny_model_dir, fixtures_dir, one_torch_thread):
+    """Lightning writes a step scalar's last value again at every later logged step where it was not logged, so
+    a figure logged only at some steps reads as if every step had it; the base module warns of such a scalar."""
+    import csv
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    from datamodules import STSDataModule
+    from encoders.sentence import SentenceEncoder
+    from lightning_modules.sts_regression import STSRegression
+
+    class FirstStepOnly(STSRegression):
+        def training_loss(self, batch):
+            loss, logs = super().training_loss(batch)
+            if self.global_step == 0:
+                logs["rare"] = torch.tensor(7.0)
+            return loss, logs
+
+    encoder = SentenceEncoder(tiny_model_dir, pretrained=False)
+    dm = STSDataModule(str(fixtures_dir / "sts" / "stsb.dev.tsv"), per_device_batch_size=8)
+    dm.use_tokenizer(**encoder.tokenization())
+    trainer = L.Trainer(accelerator="cpu", max_steps=3, log_every_n_steps=1, logger=CSVLogger(tmp_path),
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        limit_val_batches=0, num_sanity_val_steps=0, use_distributed_sampler=False)
+    with pytest.warns(UserWarning, match=r"logged train/rare at an earlier training step but not at step 1") as seen:
+        trainer.fit(FirstStepOnly(encoder), datamodule=dm)
+    assert sum("train/rare" in str(w.message) for w in seen) == 1  # once, not at every later step
+    rows = list(csv.DictReader(open(glob.glob(str(tmp_path / "**" / "metrics.csv"), recursive=True)[0])))
+    rare = [r["train/rare"] for r in rows if r["train/loss"]]
+    assert rare == ["7.0", "7.0", "7.0"]  # what the warning is about: steps 1 and 2 repeat step 0's value
