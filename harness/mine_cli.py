@@ -26,11 +26,13 @@ def mine(record: Optional[str] = None, **options: Any) -> None:
     print(summary.format())
     print(f"mined rows written to {options['output']}")
     if record is not None:
-        from .measurement import write_record
+        from .measurement import in_clone, write_record
 
+        inputs = options["inputs"]
         folder = Path(record)
-        write_record(folder.name, summary.figures(), root=folder.parent, notes={
-            "inputs": options["inputs"], "model": options["model"], "output": options["output"],
+        write_record(folder.name, summary.figures(), root=folder.parent, notes={  # paths in the clone: relative
+            "inputs": in_clone([inputs])[0] if isinstance(inputs, str) else in_clone([str(p) for p in inputs]),
+            "model": options["model"], "output": in_clone([str(options["output"])])[0],
             "options": {k: v for k, v in options.items() if k not in ("inputs", "model", "output")}})
 
 

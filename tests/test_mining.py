@@ -186,7 +186,10 @@ def test_record_keeps_the_summarys_counts_and_quantiles_and_never_overwrites(tmp
     assert record["figures"]["removed relative_margin"] == summary.removed["relative_margin"] > 0  # the planted twins
     assert record["figures"]["negative / positive q100"] <= 0.95  # the filter's bound, in the kept scores
     assert record["benchmark"] == "mining_fixture" and record["notes"]["options"]["num_negatives"] == 2
-    assert record["notes"]["inputs"] == source and record["notes"]["model"] == OFFLINE_MODEL
+    # a path inside the clone is relative to its root, so the record reads the same wherever the clone lies
+    assert record["notes"]["inputs"] == "tests/fixtures/mining/pairs.tsv" and record["notes"]["model"] == OFFLINE_MODEL
+    outputs = {json.loads(f.read_text())["notes"]["output"] for f in found}
+    assert outputs == {str(tmp_path / "a.tsv"), str(tmp_path / "b.tsv")}  # outside the clone: as given
     # a file where the folder should be: refused before any mining
     taken = write(tmp_path / "taken", "")
     capsys.readouterr()
