@@ -600,7 +600,7 @@ def protocol_pairs(data: Data) -> str:
     return "\n".join(lines)
 
 
-# masked_comp_cosine_so_far, not the per-step masked_comp_cosine of records made before 2026-12-07: that one was
+# masked_comp_cosine_so_far, not the per-step masked_comp_cosine of records made before it existed: that one was
 # logged only at batches that masked, and Lightning wrote it again at every later logged step
 # (SentenceEmbeddingModule._check_every_step), so its mean over logged steps repeated one batch's value.
 MECHANISMS = ("masked_fraction", "masked_fraction_so_far", "masking_batches_so_far", "kept_comp_cosine",
