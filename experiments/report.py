@@ -674,7 +674,34 @@ def front_simcse_dclr(data: Data) -> str:
     return (f"SimCSE and DCLR at an equal tuning budget under the papers' protocol (each chosen on dev from the same "
             f"number of cells), paired over {len(seeds)}{so_far} seeds: DCLR - SimCSE **{p.mean:+.2f}** ± {p.sd:.2f} on the "
             f"seven-task average (95 % interval {p.low:+.2f} to {p.high:+.2f}; paired t p {p.p_t:.3f}, exact "
-            f"sign-flip p {p.p_sign:.3f}); [the study](results/simcse_dclr.md).")
+            f"sign-flip p {p.p_sign:.3f}){dclr_mechanisms_clause(data)}; [the study](results/simcse_dclr.md).")
+
+
+IDLE_WEIGHTING = 1e-3  # a weighting that masks less than one in-batch negative in a thousand leaves DCLR its noise
+
+
+def dclr_mechanisms_clause(data: Data) -> str:
+    """What DCLR's two mechanisms did in the headline's seeds, from the scalars that count every batch: the
+    share of batches in which the weighting masked any negative and of the negatives it masked, and how far the
+    noise moved; when the weighting was idle, that the comparison is in practice SimCSE plus noise negatives."""
+    found = [r["mechanisms"] for r in test_records(records.select(data, "protocol_dclr"))]
+    counted = [m for m in found if "masking_batches_so_far" in m and "masked_fraction_so_far" in m]
+    if not counted:
+        return ""
+    batches = stats.summary([scalar_of_run(m["masking_batches_so_far"], "masking_batches_so_far") for m in counted])
+    share = stats.summary([scalar_of_run(m["masked_fraction_so_far"], "masked_fraction_so_far") for m in counted])
+    text = (f". In those runs DCLR's weighting masked any negative in {100 * batches.mean:.2f} % of training batches "
+            f"and {share.mean:.1e} of the in-batch negatives (mean over {len(counted)} seeds)")
+    shifts = [m["noise_cos_shift"]["mean"] for m in found if "noise_cos_shift" in m]
+    if shifts:
+        text += f", while its noise moved {stats.summary(shifts).mean:.3f} in cosine towards the anchors at each step"
+    if share.mean < IDLE_WEIGHTING:
+        from campaign import CUT
+
+        text += ": the comparison is in practice SimCSE against SimCSE plus noise negatives"
+        if "protocol_dclr_noise_only" in CUT:
+            text += ", and the arm that would separate the two mechanisms (noise only) was cut from the budget"
+    return text
 
 
 MATRYOSHKA_ROWS = (("plain MNR", "mnr"), ("Matryoshka MNR", "mnr_matryoshka"))

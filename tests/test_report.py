@@ -292,6 +292,23 @@ def test_the_front_pages_headline_counts_each_arms_seeds_until_two_are_paired(tm
             in report.front_simcse_dclr(data((42, 43), (42, 43))))
     every = (42, 43, 44, 45, 46)
     assert "paired over 5 seeds: DCLR - SimCSE **+0.50** ± 0.00" in report.front_simcse_dclr(data(every, every))
+    assert "weighting" not in report.front_simcse_dclr(data(every, every))  # records without the whole-run counts
+
+
+@pytest.mark.parametrize("masked, idle", [(5e-4, True), (0.02, False)])
+def test_the_front_pages_headline_says_what_dclrs_mechanisms_did(tmp_path, masked, idle):
+    def dclr(seed: int, batches: float) -> dict:
+        r = record("protocol_dclr", "base", seed, 78.0)
+        r["mechanisms"] = {"masking_batches_so_far": {"mean": 0.5, "last": batches, "n": 8},
+                           "masked_fraction_so_far": {"mean": 0.5, "last": masked, "n": 8},
+                           "noise_cos_shift": {"mean": 0.2, "last": 0.3, "n": 8}}
+        return r
+
+    found = [record("protocol_simcse", "base", s, 77.0) for s in (42, 43)] + [dclr(42, 0.001), dclr(43, 0.003)]
+    text = report.front_simcse_dclr(report.Data(found, [], tmp_path))
+    assert (f"DCLR's weighting masked any negative in 0.20 % of training batches and {masked:.1e} of the in-batch "
+            "negatives (mean over 2 seeds), while its noise moved 0.200 in cosine towards the anchors") in text
+    assert ("in practice SimCSE against SimCSE plus noise negatives" in text) == idle
 
 
 def test_a_record_names_the_clones_paths_relative_to_it_so_the_docs_are_the_same_in_any_clone(tmp_path,
