@@ -603,6 +603,35 @@ def protocol_pairs(data: Data) -> str:
 # masked_comp_cosine_so_far, not the per-step masked_comp_cosine of records made before it existed: that one was
 # logged only at batches that masked, and Lightning wrote it again at every later logged step
 # (SentenceEmbeddingModule._check_every_step), so its mean over logged steps repeated one batch's value.
+def protocol_tasks(data: Data) -> str:
+    """The headline per task: the start in the cls regime, each arm's mean ± sd over its seeds, DCLR - SimCSE per
+    task over the paired seeds, and the papers' BERT-base rows with their own difference (cited, not measured)."""
+    columns = (*STS, "avg")
+    lines = ["| model | seeds | " + " | ".join(NAMES[t] for t in columns) + " |", "|---|---" + "|---" * len(columns) + "|"]
+    for r in test_records(records.select(data, "start_cls_before_pooler")):
+        lines.append("| all-MiniLM-L6-v2, first token's state (the start) | — | "
+                     + " | ".join(fmt(r["test"][t]) for t in columns) + " |")
+    arms = {}
+    for label, study in (("SimCSE (dev-chosen)", "protocol_simcse"), ("DCLR (dev-chosen)", "protocol_dclr")):
+        found = {r["seed"]: r["test"] for r in test_records(records.select(data, study))}
+        arms[study] = found
+        if found:
+            lines.append(f"| {label} | {len(found)} | "
+                         + " | ".join(stats.summary([t[c] for t in found.values()]).text() for c in columns) + " |")
+    a, b = arms["protocol_simcse"], arms["protocol_dclr"]
+    seeds = sorted(set(a) & set(b))
+    if len(seeds) >= 2:
+        diffs = [stats.paired({s: a[s][c] for s in seeds}, {s: b[s][c] for s in seeds}) for c in columns]
+        lines.append(f"| DCLR - SimCSE, paired | {len(seeds)} | " + " | ".join(f"{d.mean:+.2f} ± {d.sd:.2f}" for d in diffs)
+                     + " |")
+    simcse, dclr = PAPERS["simcse_unsup"].paper_row, PAPERS["dclr_bert_base"].paper_row
+    for row in (simcse, dclr):
+        lines.append(f"| {row.row} ({row.citation}) | paper | " + " | ".join(fmt(row.scores[c]) for c in columns) + " |")
+    lines.append("| DCLR - SimCSE, the papers' rows | paper | "
+                 + " | ".join(fmt(dclr.scores[c] - simcse.scores[c], sign=True) for c in columns) + " |")
+    return "\n".join(lines)
+
+
 MECHANISMS = ("masked_fraction", "masked_fraction_so_far", "masking_batches_so_far", "kept_comp_cosine",
               "masked_comp_cosine_so_far", "noise_cos_shift", "distillation_kl",
               "distill_teacher_entropy", "distill_teacher_positive_mass", "distill_student_entropy",
@@ -796,6 +825,7 @@ BLOCKS: dict[str, Callable[[list[dict]], str]] = {
     "perf_profile": perf_profile, "perf_eval": perf_eval,
     "perf_scaling": perf_scaling, "film_rows": film_rows, "film_pairs": film_pairs,
     "protocol_search": protocol_search, "protocol_pairs": protocol_pairs, "protocol_mechanisms": protocol_mechanisms,
+    "protocol_tasks": protocol_tasks,
     "protocol_transfer": protocol_transfer, "front_simcse_dclr": front_simcse_dclr, "campaign_budget": campaign_budget,
     "matryoshka_curve": matryoshka_curve, "mining_nli": mining_nli,
     "front_table": front_table, "front_findings": front_findings, "objectives_where": objectives_where,

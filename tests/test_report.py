@@ -510,3 +510,23 @@ def test_the_readme_first_commands_come_from_their_record(tmp_path):
     assert "`make test` has no timed record yet" in text
     bench["figures"].update(tests_s=1647.0, tests_passed=660.0)
     assert "`make test` ran its 660 tests in 27 minutes" in report.readme_first_commands(report.Data([], [bench], tmp_path))
+
+
+def test_the_headline_per_task_pairs_each_task_and_cites_the_papers_difference(tmp_path):
+    def arm(study: str, seed: int, avg: float, stsb: float) -> dict:
+        r = record(study, "base", seed, avg)
+        r["test"]["stsb"] = stsb
+        return r
+
+    found = [arm("protocol_simcse", 42, 77.0, 80.0), arm("protocol_simcse", 43, 77.2, 80.4),
+             arm("protocol_simcse", 44, 77.4, 80.2), arm("protocol_dclr", 42, 78.0, 81.0), arm("protocol_dclr", 43, 78.0, 80.6)]
+    lines = report.protocol_tasks(report.Data(found, [], tmp_path)).splitlines()
+    assert lines[0] == "| model | seeds | STS12 | STS13 | STS14 | STS15 | STS16 | STS-B | SICK-R | avg |"
+    assert lines[2].startswith("| SimCSE (dev-chosen) | 3 | 77.20 ± 0.20 |") and "| 80.20 ± 0.20 |" in lines[2]
+    # paired over seeds 42 and 43 only: avg +1.00 and +0.80, STS-B +1.00 and +0.20
+    assert lines[4].startswith("| DCLR - SimCSE, paired | 2 | +0.90 ± 0.14 |")
+    assert lines[4].endswith("| +0.60 ± 0.57 | +0.90 ± 0.14 | +0.90 ± 0.14 |")
+    simcse, dclr = (report.PAPERS[p].paper_row.scores for p in ("simcse_unsup", "dclr_bert_base"))
+    assert lines[-1] == ("| DCLR - SimCSE, the papers' rows | paper | "
+                         + " | ".join(f"{dclr[t] - simcse[t]:+.2f}" for t in (*records.STS, "avg")) + " |")
+    assert "paired" not in report.protocol_tasks(report.Data(found[:4], [], tmp_path))  # one pair is no row
