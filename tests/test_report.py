@@ -16,6 +16,8 @@ import objectives  # noqa: E402
 import records  # noqa: E402
 import report  # noqa: E402
 import stats  # noqa: E402
+import tables  # noqa: E402
+from papers import PAPERS  # noqa: E402
 
 ATTEMPT = {"machine": {"cpu": "Test CPU", "bf16_units": [], "cores": 2, "threads": 1, "gpu": None},
            "versions": {"python": "3.11", "torch": "2.13.0"}, "commit": "abc", "started": "2026-12-06T00:00:00+00:00"}
@@ -218,7 +220,7 @@ def test_a_benchmark_command_names_no_path_of_the_machine_that_ran_it():
     record = {"data_root": "/data/root", "command": [
         "python", str(ROOT / "benchmarks" / "eval_speed.py"), "--sts_dir", "/data/root/sts", "--senteval_path",
         "/opt/SentEval", "--threads", "2", "--cache", "/scratch/embeddings.pt"]}
-    assert report.command_of(record) == ("`python benchmarks/eval_speed.py --sts_dir $SENTEMB_DATA/sts "
+    assert tables.command_of(record) == ("`python benchmarks/eval_speed.py --sts_dir $SENTEMB_DATA/sts "
                                          "--senteval_path SENTEVAL_PATH --threads 2 --cache CACHE`")
 
 
@@ -396,7 +398,7 @@ def test_evaluate_and_the_docs_round_a_figure_by_one_rule():
     assert kept == 78.875
     table = format_table({"m": {"stsb": full, "avg": full}}, ["stsb"])
     assert table.splitlines()[-1] == "| m | 78.88 | 78.88 |"
-    assert report.fmt(kept) == report.fmt(full) == "78.88"
+    assert tables.fmt(kept) == tables.fmt(full) == "78.88"
     assert format_transfer_table({"m": {"mr": full}}, ["mr"]).splitlines()[-1] == "| m | 78.88 |"
     assert [figure(v) for v in (78.865, 78.875, 78.8651, 0.125)] == ["78.86", "78.88", "78.87", "0.12"]
     assert figure(-0.00001, sign=True) == "+0.00" and figure(1.2, sign=True) == "+1.20"
@@ -406,7 +408,7 @@ def test_evaluate_and_the_docs_round_a_figure_by_one_rule():
 def test_an_evaluation_only_record_is_named_as_one_and_the_paper_column_says_what_its_figure_is(project):
     start = record("start_mean", "base", 42, 78.0)
     found = [start, {**start, "precision": {"train": None, "eval": "32"}}]
-    assert report.where(found).split("; ")[2:4] == ["eval only: eval 32", "trained: train 32, eval 32"]
+    assert tables.where(found).split("; ")[2:4] == ["eval only: eval 32", "trained: train 32, eval 32"]
     page = (project / "docs" / "RESULTS.md").read_text()
     assert "train None" not in page
     nli = next(line for line in page.splitlines() if line.startswith("| SBERT NLI softmax |"))
@@ -493,9 +495,9 @@ def test_a_days_later_benchmark_run_is_the_newest_whatever_its_processors_name(t
         measurement.write_record("first_commands", {"quickstart_s": seconds}, root=tmp_path / "benchmarks")
     names = sorted(p.name for p in (tmp_path / "benchmarks" / "first_commands").iterdir())
     assert names[-1].endswith("-7763.json")  # by name, the first run sorts last ('-' before '.')
-    found = report.benchmark_records(tmp_path)
+    found = tables.benchmark_records(tmp_path)
     assert [r["figures"]["quickstart_s"] for r in found] == [73.0, 22.0, 30.0]
-    assert report.newest(found, "first_commands")["figures"]["quickstart_s"] == 30.0
+    assert tables.newest(found, "first_commands")["figures"]["quickstart_s"] == 30.0
 
 
 def test_the_readme_first_commands_come_from_their_record(tmp_path):
@@ -526,7 +528,7 @@ def test_the_headline_per_task_pairs_each_task_and_cites_the_papers_difference(t
     # paired over seeds 42 and 43 only: avg +1.00 and +0.80, STS-B +1.00 and +0.20
     assert lines[4].startswith("| DCLR - SimCSE, paired | 2 | +0.90 ± 0.14 |")
     assert lines[4].endswith("| +0.60 ± 0.57 | +0.90 ± 0.14 | +0.90 ± 0.14 |")
-    simcse, dclr = (report.PAPERS[p].paper_row.scores for p in ("simcse_unsup", "dclr_bert_base"))
+    simcse, dclr = (PAPERS[p].paper_row.scores for p in ("simcse_unsup", "dclr_bert_base"))
     assert lines[-1] == ("| DCLR - SimCSE, the papers' rows | paper | "
                          + " | ".join(f"{dclr[t] - simcse[t]:+.2f}" for t in (*records.STS, "avg")) + " |")
     assert "paired" not in report.protocol_tasks(report.Data(found[:4], [], tmp_path))  # one pair is no row
