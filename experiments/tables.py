@@ -60,12 +60,17 @@ def where(found: list[dict]) -> str:
             f"{dates[0] if len(dates) == 1 else dates[0] + ' to ' + dates[-1]}")
 
 
+def chip(machine: dict) -> str:
+    """The GPU, or the processor with its bf16 units: what decides whether two records' speeds compare."""
+    if machine.get("gpu"):
+        return f"one {machine['gpu']}"
+    return f"{machine['cpu']} ({', '.join(machine.get('bf16_units') or []) or 'no bf16 units'})"
+
+
 def machine_text(record: dict) -> str:
+    """A cell's machine: each cell ran in one process of the given threads."""
     m = record["machine"]
-    if m.get("gpu"):
-        return f"one {m['gpu']}"
-    units = ", ".join(m.get("bf16_units") or []) or "no bf16 units"
-    return f"{m['cores']} cores of an {m['cpu']} ({units}), {m['threads']} thread(s) a cell"
+    return chip(m) if m.get("gpu") else f"{m['cores']} cores of an {chip(m)}, {m['threads']} thread(s) a cell"
 
 
 def test_avgs(data: list[dict], study: str) -> dict[int, float]:
@@ -124,11 +129,9 @@ def newest(bench: list[dict], name: str) -> dict | None:
 
 
 def processor(record: dict) -> str:
+    """A benchmark's machine: the threads it timed with, of the machine's cores."""
     m = record["machine"]
-    if m.get("gpu"):
-        return f"one {m['gpu']}"
-    units = ", ".join(m.get("bf16_units") or []) or "no bf16 units (AVX2)"
-    return f"{m['cpu']} ({units}), {m['threads']} thread(s) of {m['cores']} cores"
+    return chip(m) if m.get("gpu") else f"{chip(m)}, {m['threads']} thread(s) of {m['cores']} cores"
 
 
 def command_of(record: dict) -> str:
