@@ -14,7 +14,7 @@ import records  # noqa: E402
 import stats  # noqa: E402
 from papers import PAPERS  # noqa: E402
 from records import ROOT, STS  # noqa: E402
-from tables import NAMES, Data, at_the_edge, edge_paragraph, fmt, test_avgs, test_records  # noqa: E402
+from tables import NAMES, Data, at_the_edge, dev_mean, edge_paragraph, fmt, test_avgs, test_records  # noqa: E402
 
 
 # the training scalars beside each dev cell (the mechanisms table below explains them): whether a search's cells
@@ -109,6 +109,27 @@ def protocol_tasks(data: Data) -> str:
         lines.append(f"| {row.row} ({row.citation}) | paper | " + " | ".join(fmt(row.scores[c]) for c in columns) + " |")
     lines.append("| DCLR - SimCSE, the papers' rows | paper | "
                  + " | ".join(fmt(dclr.scores[c] - simcse.scores[c], sign=True) for c in columns) + " |")
+    return "\n".join(lines)
+
+
+def protocol_per_seed(data: Data) -> str:
+    """The headline seed by seed: each arm's batch order, kept checkpoint, dev mean and test average, their
+    difference, and how often DCLR's weighting masked (the whole-run count, where the record has it)."""
+    arms = [{r["seed"]: r for r in test_records(records.select(data, st))} for st in ("protocol_simcse", "protocol_dclr")]
+    seeds = sorted(set(arms[0]) | set(arms[1]))
+    if not seeds:
+        return "No seed has finished yet."
+    lines = ["| seed | batch order | SimCSE best step | SimCSE dev mean | SimCSE test avg | DCLR best step | DCLR dev mean "
+             "| DCLR test avg | DCLR - SimCSE | DCLR batches with a mask |", "|---" * 10 + "|"]
+    for seed in seeds:
+        cells, (simcse, dclr) = [], (arm.get(seed) for arm in arms)
+        for r in (simcse, dclr):
+            cells += [str(r["selection"]["step"]), fmt(dev_mean(r)), fmt(r["test"]["avg"])] if r else ["—"] * 3
+        difference = fmt(dclr["test"]["avg"] - simcse["test"]["avg"], sign=True) if simcse and dclr else "—"
+        masking = dclr and dclr["mechanisms"].get("masking_batches_so_far")
+        share = f"{scalar_of_run(masking, 'masking_batches_so_far'):.2%}" if masking else "—"
+        order = " / ".join(sorted({str(r["data_seed"]) for r in (simcse, dclr) if r}))  # one, unless the arms differ
+        lines.append(f"| {seed} | {order} | " + " | ".join(cells) + f" | {difference} | {share} |")
     return "\n".join(lines)
 
 

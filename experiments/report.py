@@ -31,7 +31,7 @@ from pages_objectives import (MATRYOSHKA_PLOT, dev_grids, film_pairs, film_rows,
                               front_findings, front_table, matryoshka_curve, matryoshka_plot, mining_nli,
                               objectives_where, per_seed_table, start_table, test_table)
 from pages_protocol import (campaign_budget, front_simcse_dclr, protocol_mechanisms, protocol_pairs,  # noqa: E402
-                            protocol_search, protocol_tasks, protocol_transfer)
+                            protocol_per_seed, protocol_search, protocol_tasks, protocol_transfer)
 from pages_speed import (perf_eval, perf_profile, perf_scaling, perf_train, readme_first_commands,  # noqa: E402
                          readme_speed)
 from records import DEV, ROOT, STS  # noqa: E402
@@ -50,8 +50,8 @@ BLOCKS: dict[str, Callable[[list[dict]], str]] = {
     "mining_nli": mining_nli, "matryoshka_curve": matryoshka_curve, "film_rows": film_rows, "film_pairs": film_pairs,
     # pages_protocol.py: SimCSE and DCLR on one footing, and the campaign's budget
     "front_simcse_dclr": front_simcse_dclr, "campaign_budget": campaign_budget, "protocol_search": protocol_search,
-    "protocol_pairs": protocol_pairs, "protocol_tasks": protocol_tasks, "protocol_mechanisms": protocol_mechanisms,
-    "protocol_transfer": protocol_transfer,
+    "protocol_pairs": protocol_pairs, "protocol_per_seed": protocol_per_seed, "protocol_tasks": protocol_tasks,
+    "protocol_mechanisms": protocol_mechanisms, "protocol_transfer": protocol_transfer,
     # pages_speed.py: the benchmark records
     "readme_speed": readme_speed, "readme_first_commands": readme_first_commands, "perf_train": perf_train,
     "perf_profile": perf_profile, "perf_eval": perf_eval, "perf_scaling": perf_scaling,

@@ -532,3 +532,20 @@ def test_the_headline_per_task_pairs_each_task_and_cites_the_papers_difference(t
     assert lines[-1] == ("| DCLR - SimCSE, the papers' rows | paper | "
                          + " | ".join(f"{dclr[t] - simcse[t]:+.2f}" for t in (*records.STS, "avg")) + " |")
     assert "paired" not in report.protocol_tasks(report.Data(found[:4], [], tmp_path))  # one pair is no row
+
+
+def test_the_headline_seed_by_seed_pairs_what_each_seed_has(tmp_path):
+    def arm(study: str, seed: int, avg: float, data_seed: int | None = None) -> dict:
+        r = record(study, "base", seed, avg)
+        r["data_seed"] = seed if data_seed is None else data_seed
+        return r
+
+    assert report.protocol_per_seed(report.Data([], [], tmp_path)) == "No seed has finished yet."
+    dclr = arm("protocol_dclr", 42, 78.0)
+    dclr["mechanisms"] = {"masking_batches_so_far": {"mean": 0.5, "last": 0.0025, "n": 8}}
+    found = [arm("protocol_simcse", 42, 77.25), dclr, arm("protocol_simcse", 43, 77.0),
+             arm("protocol_dclr", 44, 77.5, data_seed=7)]
+    lines = report.protocol_per_seed(report.Data(found, [], tmp_path)).splitlines()
+    assert lines[2] == "| 42 | 42 | 200 | 75.00 | 77.25 | 200 | 75.00 | 78.00 | +0.75 | 0.25% |"
+    assert lines[3] == "| 43 | 43 | 200 | 75.00 | 77.00 | — | — | — | — | — |"  # DCLR's seed 43 still running
+    assert lines[4] == "| 44 | 7 | — | — | — | 200 | 75.00 | 77.50 | — | — |"  # no whole-run count: no share
