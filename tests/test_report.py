@@ -295,6 +295,11 @@ def test_the_front_pages_headline_counts_each_arms_seeds_until_two_are_paired(tm
     every = (42, 43, 44, 45, 46)
     assert "paired over 5 seeds: DCLR - SimCSE **+0.50** ± 0.00" in report.front_simcse_dclr(data(every, every))
     assert "weighting" not in report.front_simcse_dclr(data(every, every))  # records without the whole-run counts
+    assert "sign-flip p 0.062, the smallest 5 seeds allow: every seed's difference has one sign" in report.front_simcse_dclr(
+        data(every, every))
+    mixed = data(every, every)
+    mixed[-1]["test"]["avg"] = 77.36  # DCLR's seed 46 0.1 below SimCSE's 77.46: 4 of the 32 patterns reach 0.38
+    assert "sign-flip p 0.125)" in report.front_simcse_dclr(mixed)
 
 
 @pytest.mark.parametrize("masked, idle", [(5e-4, True), (0.02, False)])
