@@ -191,21 +191,21 @@ def protocol_transfer(data: Data) -> str:
 
 
 def front_simcse_dclr(data: Data) -> str:
+    """The headline in one paragraph, for the README and docs/RESULTS.md: no link inside, since the two pages
+    reach the study by different paths (each page links it in its own prose)."""
     from campaign import SEEDS
 
     ra, rb = test_avgs(data, "protocol_simcse"), test_avgs(data, "protocol_dclr")
     seeds = sorted(set(ra) & set(rb))
     if len(seeds) < 2:
         return (f"SimCSE and DCLR at an equal tuning budget under the papers' protocol: fewer than two paired seeds "
-                f"have a record yet (SimCSE {len(ra)} of {len(SEEDS)} seeds, DCLR {len(rb)} of {len(SEEDS)}; "
-                "[the study](results/simcse_dclr.md) and its command).")
+                f"have a record yet (SimCSE {len(ra)} of {len(SEEDS)} seeds, DCLR {len(rb)} of {len(SEEDS)}).")
     p = stats.paired(ra, rb)
     so_far = f" of the {len(SEEDS)} planned" if len(seeds) < len(SEEDS) else ""  # the interval narrows as seeds land
     return (f"SimCSE and DCLR at an equal tuning budget under the papers' protocol (each chosen on dev from the same "
             f"number of cells), paired over {len(seeds)}{so_far} seeds: DCLR - SimCSE **{p.mean:+.2f}** ± {p.sd:.2f} on the "
             f"seven-task average (95 % interval {p.low:+.2f} to {p.high:+.2f}; paired t p {p.p_t:.3f}, exact "
-            f"sign-flip p {p.p_sign:.3f}{sign_floor(p)}){dclr_mechanisms_clause(data)}; "
-            "[the study](results/simcse_dclr.md).")
+            f"sign-flip p {p.p_sign:.3f}{sign_floor(p)}){dclr_mechanisms_clause(data)}.")
 
 
 def sign_floor(p: stats.Paired) -> str:
