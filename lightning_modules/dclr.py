@@ -224,7 +224,7 @@ class DCLR(SentenceEmbeddingModule):
         # masked negatives' complementary cosines over the number of negatives]. A threshold such as phi 0.9 may
         # mask at a few batches between two logged ones; these counts show it, and the cosine of what was masked
         # is a mean over every masked negative of the run (a per-step scalar logged only when a batch masks
-        # would be repeated by Lightning at later logged steps: see BaseModule.training_step). Under DDP each
+        # would be repeated by Lightning at later logged steps: see SentenceEmbeddingModule.training_step). Under DDP each
         # step's counts are those of the global batch. They travel in checkpoints, so a resumed run logs what an
         # uninterrupted one would. fp32 (MPS has no fp64) counts batches exactly up to 2**24.
         self.register_buffer("mask_tally", torch.zeros(4), persistent=False)

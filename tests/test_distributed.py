@@ -1,24 +1,16 @@
 """gather_with_grad: two CPU processes (gloo) must reproduce one process holding the global batch."""
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from lightning_modules.distributed import gather_with_grad, rank_and_world
 from lightning_modules.losses import info_nce_loss
+from tests.gloo import WORLD, run_on_ranks
 
-B, H_IN, H, WORLD, SCALE = 3, 5, 4, 2, 20.0
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+B, H_IN, H, SCALE = 3, 5, 4, 20.0
 
 
 def _setup():
@@ -40,23 +32,18 @@ def save_ddp_average(encoder: torch.nn.Module, loss: torch.Tensor, rank: int, ou
         torch.save({"loss": mean_loss / WORLD, "grad": grad / WORLD}, out_path)
 
 
-def _worker(rank: int, port: int, out_path: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-    try:
-        assert rank_and_world() == (rank, WORLD)
-        encoder, anchors, positives, negatives = _setup()
-        mine = slice(rank * B, (rank + 1) * B)
-        a = encoder(anchors[mine])  # (B, H)
-        # Each column gathered on its own, then concatenated: hard negatives stay aligned.
-        keys = torch.cat([gather_with_grad(encoder(positives[mine])), gather_with_grad(encoder(negatives[mine]))])
-        assert keys.shape == (2 * WORLD * B, H)
-        labels = rank * B + torch.arange(B)
-        loss, _ = info_nce_loss(a, keys, labels, SCALE)
-        loss.backward()
-        save_ddp_average(encoder, loss, rank, out_path)
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int, out_path: str) -> None:
+    assert rank_and_world() == (rank, WORLD)
+    encoder, anchors, positives, negatives = _setup()
+    mine = slice(rank * B, (rank + 1) * B)
+    a = encoder(anchors[mine])  # (B, H)
+    # Each column gathered on its own, then concatenated: hard negatives stay aligned.
+    keys = torch.cat([gather_with_grad(encoder(positives[mine])), gather_with_grad(encoder(negatives[mine]))])
+    assert keys.shape == (2 * WORLD * B, H)
+    labels = rank * B + torch.arange(B)
+    loss, _ = info_nce_loss(a, keys, labels, SCALE)
+    loss.backward()
+    save_ddp_average(encoder, loss, rank, out_path)
 
 
 def test_gather_is_identity_without_process_group():
@@ -67,8 +54,7 @@ def test_gather_is_identity_without_process_group():
 
 def test_two_process_gather_matches_single_process(tmp_path):
     out_path = str(tmp_path / "rank0.pt")
-    # spawn, not fork: a forked child inherits the parent's OpenMP pool and can hang in it.
-    mp.start_processes(_worker, args=(_free_port(), out_path), nprocs=WORLD, join=True, start_method="spawn")
+    run_on_ranks(_worker, out_path)
     result = torch.load(out_path)
 
     encoder, anchors, positives, negatives = _setup()
@@ -103,27 +89,21 @@ def _negatives_loss(gather: bool, matryoshka: bool):
     return lambda embeddings: matryoshka_loss(loss_fn, embeddings, DIMS, WEIGHTS)[0]
 
 
-def _negatives_worker(rank: int, port: int, out_path: str, matryoshka: bool) -> None:
+def _negatives_worker(rank: int, out_path: str, matryoshka: bool) -> None:
     from lightning_modules.grad_cache import grad_cache_loss
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-    try:
-        encoder, columns = _negatives_setup()
-        mine = slice(rank * B_NEG, (rank + 1) * B_NEG)
-        chunks = [list(c[mine].split(CHUNK)) for c in columns]  # GradCache mini-batches of each local column
-        loss = grad_cache_loss(encoder, chunks, _negatives_loss(gather=True, matryoshka=matryoshka))
-        loss.backward()
-        save_ddp_average(encoder, loss, rank, out_path)
-    finally:
-        dist.destroy_process_group()
+    encoder, columns = _negatives_setup()
+    mine = slice(rank * B_NEG, (rank + 1) * B_NEG)
+    chunks = [list(c[mine].split(CHUNK)) for c in columns]  # GradCache mini-batches of each local column
+    loss = grad_cache_loss(encoder, chunks, _negatives_loss(gather=True, matryoshka=matryoshka))
+    loss.backward()
+    save_ddp_average(encoder, loss, rank, out_path)
 
 
 @pytest.mark.parametrize("matryoshka", [False, True], ids=["plain", "matryoshka"])
 def test_two_processes_with_three_negatives_and_grad_cache_match_one_process(tmp_path, matryoshka):
     out_path = str(tmp_path / "rank0.pt")
-    mp.start_processes(_negatives_worker, args=(_free_port(), out_path, matryoshka), nprocs=WORLD, join=True,
-                       start_method="spawn")
+    run_on_ranks(_negatives_worker, out_path, matryoshka)
     result = torch.load(out_path)
 
     encoder, columns = _negatives_setup()
@@ -146,26 +126,21 @@ def _mask_setup():
     return masked, comp_neg
 
 
-def _mask_worker(rank: int, port: int, out_path: str) -> None:
+def _mask_worker(rank: int, out_path: str) -> None:
     from lightning_modules.dclr import mask_counts
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-    try:
-        masked, comp_neg = _mask_setup()
-        mine = slice(rank * B, (rank + 1) * B)
-        counts = mask_counts(masked[mine], comp_neg[mine])
-        if rank == 0:
-            torch.save(counts, out_path)
-    finally:
-        dist.destroy_process_group()
+    masked, comp_neg = _mask_setup()
+    mine = slice(rank * B, (rank + 1) * B)
+    counts = mask_counts(masked[mine], comp_neg[mine])
+    if rank == 0:
+        torch.save(counts, out_path)
 
 
 def test_two_processes_count_dclr_masks_of_the_global_batch(tmp_path):
     from lightning_modules.dclr import mask_counts
 
     out_path = str(tmp_path / "rank0.pt")
-    mp.start_processes(_mask_worker, args=(_free_port(), out_path), nprocs=WORLD, join=True, start_method="spawn")
+    run_on_ranks(_mask_worker, out_path)
     masked, comp_neg = _mask_setup()
     one_process = mask_counts(masked, comp_neg)
     assert not masked[:B].any() and masked[B:].any()  # rank 0 alone would report a batch without masks

@@ -146,53 +146,41 @@ def test_no_grad_just_computes_the_loss():
     assert loss.grad_fn is None and loss.item() == pytest.approx(expected.item())
 
 
-def _ddp_worker(rank: int, port: int, out_path: str) -> None:
-    import torch.distributed as dist
+def _ddp_worker(rank: int, out_path: str) -> None:
     from torch.nn.parallel import DistributedDataParallel
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        enc = _encoder()
-        x = _data()[0][rank * N // 2 : (rank + 1) * N // 2]  # (N/2, H_IN) per rank
-        columns = [_chunks(x), _chunks(x)]
-        results = {}
-        for cached in (False, True):
-            # DDP runs its hooks only for a forward through the wrapper: make that forward the loss.
-            class System(torch.nn.Module):
-                def __init__(self):
-                    super().__init__()
-                    self.enc = enc
+    enc = _encoder()
+    x = _data()[0][rank * N // 2 : (rank + 1) * N // 2]  # (N/2, H_IN) per rank
+    columns = [_chunks(x), _chunks(x)]
+    results = {}
+    for cached in (False, True):
+        # DDP runs its hooks only for a forward through the wrapper: make that forward the loss.
+        class System(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.enc = enc
 
-                def forward(self):
-                    if cached:
-                        return gc.grad_cache_loss(self.enc, columns, _simcse_loss)
-                    return _simcse_loss([torch.cat([self.enc(c) for c in col]) for col in columns])
+            def forward(self):
+                if cached:
+                    return gc.grad_cache_loss(self.enc, columns, _simcse_loss)
+                return _simcse_loss([torch.cat([self.enc(c) for c in col]) for col in columns])
 
-            model = DistributedDataParallel(System(), static_graph=True)
-            for step in range(2):  # static_graph records the first step, so check the second
-                model.zero_grad()
-                torch.manual_seed(10 + step)
-                model().backward()
-            results[cached] = [p.grad.clone() for p in enc.parameters()]
-            del model  # its reducer goes before the process group does
-        if rank == 0:
-            torch.save(results, out_path)
-        dist.barrier()  # neither rank tears the group down while the other still uses it
-    finally:
-        dist.destroy_process_group()
+        model = DistributedDataParallel(System(), static_graph=True)
+        for step in range(2):  # static_graph records the first step, so check the second
+            model.zero_grad()
+            torch.manual_seed(10 + step)
+            model().backward()
+        results[cached] = [p.grad.clone() for p in enc.parameters()]
+        del model  # its reducer goes before the process group does
+    if rank == 0:
+        torch.save(results, out_path)
 
 
 def test_ddp_static_graph_matches_plain_ddp(tmp_path):
-    import socket
+    from tests.gloo import run_on_ranks
 
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     out_path = str(tmp_path / "grads.pt")
-    mp.start_processes(_ddp_worker, args=(port, out_path), nprocs=2, join=True, start_method="spawn")
+    run_on_ranks(_ddp_worker, out_path)
     results = torch.load(out_path)
     for g, r in zip(results[True], results[False]):
         assert torch.allclose(g, r, atol=1e-5)
