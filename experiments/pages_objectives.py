@@ -86,10 +86,15 @@ def paper_text(row: PaperRow | None) -> str:
     return f"{figure(row.scores[metric])}, {what} ({row.row}; {row.citation})"
 
 
+# The two starts the rows are measured from: (the start table's label, how the findings name it).
+STARTS = {"start_mean": ("all-MiniLM-L6-v2, mean pooling", "the mean-pooled start"),
+          "start_cls_before_pooler": ("all-MiniLM-L6-v2, first token's state (the cls regime)",
+                                      "the first-token (cls) start")}
+
+
 def start_table(all_records: list[dict]) -> str:
     lines = ["| start | " + " | ".join(NAMES[t] for t in (*STS, "avg")) + " |", "|---" * (len(STS) + 2) + "|"]
-    for study, label in (("start_mean", "all-MiniLM-L6-v2, mean pooling"),
-                         ("start_cls_before_pooler", "all-MiniLM-L6-v2, first token's state (the cls regime)")):
+    for study, (label, _) in STARTS.items():
         for r in records.select(all_records, study):
             lines.append(f"| {label} | " + " | ".join(fmt(r["test"][t]) for t in (*STS, "avg")) + " |")
     return "\n".join(lines)
@@ -141,31 +146,41 @@ def objectives_where(all_records: list[dict]) -> str:
 
 
 def front_findings(all_records: list[dict]) -> str:
-    """The front table in sentences: which objectives raise the start, which lower it, and which move it less than
-    their seeds vary (the 95 % interval of the mean difference from the start holds 0)."""
-    start = records.select(all_records, "start_mean")
-    if not start:
-        return "The start model's record is missing; no finding yet."
-    base = start[0]["test"]["avg"]
+    """The front table in sentences, one paragraph per start: which objectives raise their start, which lower it,
+    and which move it less than their seeds vary (the 95 % interval of the mean difference from the start holds
+    0)."""
+    found = [text for start in STARTS if (text := _findings_from(all_records, start))]
+    return " ".join(found) if found else "No objective has finished its test cells yet."
+
+
+def _findings_from(all_records: list[dict], start_study: str) -> str | None:
+    """The findings of the rows measured from ``start_study``; None while none of them has a test cell."""
     groups: dict[str, list[str]] = {"up": [], "down": [], "noise": [], "one": []}
+    start = records.select(all_records, start_study)
+    phrase = STARTS[start_study][1]
     for row in OBJECTIVES:
-        if row.start != "start_mean":
+        if row.start != start_study:
             continue
         study = f"objectives_{row.stem}" if row.budget == "lr" else row.stem
         tests = test_avgs(all_records, study)
+        if not tests:
+            continue
+        if not start:
+            return f"The record of {phrase} is missing; no finding from it yet."
+        base = start[0]["test"]["avg"]
         if len(tests) == 1:
             groups["one"].append(f"{row.label} {next(iter(tests.values())) - base:+.2f}")
-        elif tests:
+        else:
             d = stats.paired({seed: base for seed in tests}, tests)  # against the start, a constant
             where = "up" if d.low > 0 else "down" if d.high < 0 else "noise"
             groups[where].append(f"{row.label} {d.mean:+.2f} (95 % interval {d.low:+.2f} to {d.high:+.2f})")
     if not any(groups.values()):
-        return "No objective has finished its test cells yet."
+        return None
     sentences = [text + "; ".join(groups[key]) + "." for key, text in (
         ("up", "these raise the seven-task average: "), ("down", "these lower it: "),
         ("noise", "these move it less than their seeds vary: "), ("one", "one seed so far: ")) if groups[key]]
     sentences[1:] = [s[0].upper() + s[1:] for s in sentences[1:]]
-    return f"From the mean-pooled start ({figure(base)}), over each choice's seeds, " + " ".join(sentences)
+    return f"From {phrase} ({figure(start[0]['test']['avg'])}), over each choice's seeds, " + " ".join(sentences)
 
 
 def mining_nli(data: Data) -> str:

@@ -148,6 +148,29 @@ def test_the_front_table_holds_the_dev_choice_and_the_seeds_statistics(project):
     assert "these raise the seven-task average: SBERT STS-B regression +4.00 (95 % interval +1.52 to +6.48)" in text
 
 
+def test_the_findings_measure_each_row_from_its_own_start(project):
+    """A cls-pooled row is measured from the first-token start, in a sentence of its own after the mean-pooled
+    rows'."""
+    results = project / "results"
+    records.write(records.path_of(results, "start_cls_before_pooler", "base", 42),
+                  record("start_cls_before_pooler", "base", 42, 70.0))
+    for lr, dev in zip(objectives.LRS, ((84.0, 76.0), (85.0, 77.0), (85.0, 76.0))):
+        records.write(records.path_of(results, "objectives_dev_simcse_sup", f"lr={lr}", 42),
+                      record("objectives_dev_simcse_sup", f"lr={lr}", 42, None, dev=dev, lr=lr))
+    for seed, avg in ((42, 74.0), (43, 75.0), (44, 76.0)):
+        chosen = record("objectives_simcse_sup", "base", seed, avg)
+        chosen["overrides"] = ["model.init_args.lr=3e-5"]
+        records.write(records.path_of(results, "objectives_simcse_sup", "base", seed), chosen)
+    report.run(project)
+    text = (project / "docs" / "RESULTS.md").read_text()
+    findings = text.split("<!-- report:front_findings -->")[1].split("<!-- /report:front_findings -->")[0].strip()
+    # test 74, 75, 76 against the cls start 70: +5 ± 4.303 · 1 / sqrt(3); the STS-B row's +4 stays on the mean start
+    mean_part, cls_part = findings.split(" From the first-token (cls) start (70.00), over each choice's seeds, ")
+    assert mean_part.startswith("From the mean-pooled start (78.00)") and "SBERT STS-B regression +4.00" in mean_part
+    assert cls_part == "these raise the seven-task average: supervised SimCSE (batch 64) +5.00 (95 % interval +2.52 " \
+                       "to +7.48)."
+
+
 def test_a_hand_edited_cell_fails_the_check(project):
     page = project / "docs" / "RESULTS.md"
     page.write_text(page.read_text().replace("82.00 ± 1.00", "82.50 ± 1.00", 1))
