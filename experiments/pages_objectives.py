@@ -155,7 +155,7 @@ def front_findings(all_records: list[dict]) -> str:
 
 def _findings_from(all_records: list[dict], start_study: str) -> str | None:
     """The findings of the rows measured from ``start_study``; None while none of them has a test cell."""
-    groups: dict[str, list[str]] = {"up": [], "down": [], "noise": [], "one": []}
+    groups: dict[str, list[str]] = {"up": [], "down": [], "noise": [], "one": [], "shipped": []}
     start = records.select(all_records, start_study)
     phrase = STARTS[start_study][1]
     for row in OBJECTIVES:
@@ -168,8 +168,9 @@ def _findings_from(all_records: list[dict], start_study: str) -> str | None:
         if not start:
             return f"The record of {phrase} is missing; no finding from it yet."
         base = start[0]["test"]["avg"]
-        if len(tests) == 1:
-            groups["one"].append(f"{row.label} {next(iter(tests.values())) - base:+.2f}")
+        if len(tests) == 1:  # a shipped form has one cell by design; an lr row has one seed so far
+            groups["shipped" if row.budget == "shipped" else "one"].append(
+                f"{row.label} {next(iter(tests.values())) - base:+.2f}")
         else:
             d = stats.paired({seed: base for seed in tests}, tests)  # against the start, a constant
             where = "up" if d.low > 0 else "down" if d.high < 0 else "noise"
@@ -178,7 +179,8 @@ def _findings_from(all_records: list[dict], start_study: str) -> str | None:
         return None
     sentences = [text + "; ".join(groups[key]) + "." for key, text in (
         ("up", "these raise the seven-task average: "), ("down", "these lower it: "),
-        ("noise", "these move it less than their seeds vary: "), ("one", "one seed so far: ")) if groups[key]]
+        ("noise", "these move it less than their seeds vary: "), ("one", "one seed so far: "),
+        ("shipped", "as shipped, one cell each: ")) if groups[key]]
     sentences[1:] = [s[0].upper() + s[1:] for s in sentences[1:]]
     return f"From {phrase} ({figure(start[0]['test']['avg'])}), over each choice's seeds, " + " ".join(sentences)
 

@@ -150,7 +150,7 @@ def test_the_front_table_holds_the_dev_choice_and_the_seeds_statistics(project):
 
 def test_the_findings_measure_each_row_from_its_own_start(project):
     """A cls-pooled row is measured from the first-token start, in a sentence of its own after the mean-pooled
-    rows'."""
+    rows', and a form run as shipped is not read as a row waiting for seeds."""
     results = project / "results"
     records.write(records.path_of(results, "start_cls_before_pooler", "base", 42),
                   record("start_cls_before_pooler", "base", 42, 70.0))
@@ -161,12 +161,15 @@ def test_the_findings_measure_each_row_from_its_own_start(project):
         chosen = record("objectives_simcse_sup", "base", seed, avg)
         chosen["overrides"] = ["model.init_args.lr=3e-5"]
         records.write(records.path_of(results, "objectives_simcse_sup", "base", seed), chosen)
+    records.write(records.path_of(results, "film_tfidf", "base", 42), record("film_tfidf", "base", 42, 40.0))
     report.run(project)
     text = (project / "docs" / "RESULTS.md").read_text()
     findings = text.split("<!-- report:front_findings -->")[1].split("<!-- /report:front_findings -->")[0].strip()
     # test 74, 75, 76 against the cls start 70: +5 ± 4.303 · 1 / sqrt(3); the STS-B row's +4 stays on the mean start
     mean_part, cls_part = findings.split(" From the first-token (cls) start (70.00), over each choice's seeds, ")
     assert mean_part.startswith("From the mean-pooled start (78.00)") and "SBERT STS-B regression +4.00" in mean_part
+    # FILM's forms have one cell by design, not one seed so far
+    assert mean_part.endswith("As shipped, one cell each: FILM over TF-IDF -38.00.")
     assert cls_part == "these raise the seven-task average: supervised SimCSE (batch 64) +5.00 (95 % interval +2.52 " \
                        "to +7.48)."
 
