@@ -157,27 +157,29 @@ import glob, tempfile, yaml
 import train
 from experiments.plots import read_curves, plot_curves
 
-def tiny_runs():
-    out = Path(tempfile.mkdtemp())
-    runs = {}
-    for name, extra in [("SimCSE", {}), ("DCLR", {"complementary_model": MODEL, "complementary_pooling": "mean"})]:
-        config = {"seed_everything": 1,
-                  "trainer": {"max_steps": 6, "val_check_interval": 2, "check_val_every_n_epoch": None,
-                              "default_root_dir": str(out / name), "enable_progress_bar": False, "precision": "bf16-mixed"},
-                  "model": {"class_path": f"lightning_modules.{name}", "init_args": {
-                      "encoder": {"class_path": "encoders.SentenceEncoder",
-                                  "init_args": {"model_name": MODEL, "max_seq_length": 32}}, "lr": 3e-5, **extra}},
-                  "data": {"class_path": "datamodules.WikiDataModule", "init_args": {
-                      "train_source": str(ROOT / "tests" / "fixtures" / "sentences.txt"), "sts_dir": STS_DIR,
-                      "per_device_batch_size": 8}}}
-        path = out / f"{name}.yaml"; path.write_text(yaml.safe_dump(config))
-        train.main(["--config", str(path)])
-        runs[name] = str(out / name)
-    return runs
+def tiny_curves():
+    # Checkpoints of the two tiny runs weigh about 1 GB, so they live in a directory deleted once read.
+    with tempfile.TemporaryDirectory(prefix="training-dynamics-") as tmp:
+        out = Path(tmp)
+        runs = {}
+        for name, extra in [("SimCSE", {}), ("DCLR", {"complementary_model": MODEL, "complementary_pooling": "mean"})]:
+            config = {"seed_everything": 1,
+                      "trainer": {"max_steps": 6, "val_check_interval": 2, "check_val_every_n_epoch": None,
+                                  "default_root_dir": str(out / name), "enable_progress_bar": False,
+                                  "precision": "bf16-mixed"},
+                      "model": {"class_path": f"lightning_modules.{name}", "init_args": {
+                          "encoder": {"class_path": "encoders.SentenceEncoder",
+                                      "init_args": {"model_name": MODEL, "max_seq_length": 32}}, "lr": 3e-5, **extra}},
+                      "data": {"class_path": "datamodules.WikiDataModule", "init_args": {
+                          "train_source": str(ROOT / "tests" / "fixtures" / "sentences.txt"), "sts_dir": STS_DIR,
+                          "per_device_batch_size": 8}}}
+            path = out / f"{name}.yaml"; path.write_text(yaml.safe_dump(config))
+            train.main(["--config", str(path)])
+            runs[name] = str(out / name)
+        return read_curves(runs)
 
 spec = os.environ.get("RUNS")
-runs = dict(item.split("=", 1) for item in spec.split(",")) if spec else tiny_runs()
-curves = read_curves(runs)
+curves = read_curves(dict(item.split("=", 1) for item in spec.split(","))) if spec else tiny_curves()
 plot_curves(curves); plt.show()
 for name, tags in curves.items():
     print(name, {tag: (round(v[0][1], 3), round(v[-1][1], 3)) for tag, v in tags.items()}, "(first, last)")"""),
