@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A real SLURM cluster of one or several nodes on this machine, for the tests and for trying the sbatch scripts:
 #
-#   bash slurm/local_cluster.sh up [--nodes N]   # install what is missing, write the config, start, wait until
-#                                                # all N nodes are idle (default 2)
+#   bash slurm/local_cluster.sh up [--nodes N]   # install what is missing, write the config, start a new
+#                                                # cluster, wait until all N nodes are idle (default 2)
 #   export SLURM_CONF=/tmp/sentemb-slurm/slurm.conf   # (printed by `up`) then sbatch, srun, squeue as usual
 #   bash slurm/local_cluster.sh status
 #   bash slurm/local_cluster.sh down     # stop what `up` started, by the PIDs it recorded
@@ -124,6 +124,12 @@ start_munge() {
 
 running_nodes() { [ -f "$DIR/nodes" ] && cat "$DIR/nodes" || echo 0; }
 
+# Nodes that can take a job: idle, or running jobs already (a drained or down node's state carries a suffix).
+usable_nodes() { SLURM_CONF=$CONF sinfo -h -N -o "%N %t" 2>/dev/null | grep -cE ' (idle|mix|alloc)$' || true; }
+
+# Each node's state and, for a drained or down one, the reason slurm gives.
+node_states() { SLURM_CONF=$CONF sinfo -N -o "%N %t %E"; }
+
 all_alive() {
     local n=$1 name
     alive "$DIR/slurmctld.pid" || return 1
@@ -147,11 +153,18 @@ up() {
         if [ "$(running_nodes)" -ne "$nodes" ]; then
             say "error: already up with $(running_nodes) node(s), not $nodes; run down first"; return 1
         fi
-        say "already up"
-        echo "export SLURM_CONF=$CONF"
-        return 0
+        if [ "$(usable_nodes)" -eq "$nodes" ]; then
+            say "already up"
+            echo "export SLURM_CONF=$CONF"
+            return 0
+        fi
+        say "up, but only $(usable_nodes) of $nodes node(s) can take jobs; starting afresh:"; node_states >&2 || true
     fi
     down_quietly
+    # A new `up` is a new cluster. The saved state of an earlier one would bring back its jobs and its drained nodes:
+    # a node drained once (slurmd drains itself with "SlurmdSpoolDir is full" on a full disk) stays drained across
+    # restarts, and every job then waits for it.
+    rm -rf "$DIR/state" "$DIR/spool"
     local start=$SECONDS start_ms
     start_ms=$(( $(date +%s%N) / 1000000 ))
     write_config "$nodes"
@@ -163,9 +176,10 @@ up() {
     for name in $(node_names "$nodes"); do slurmd -f "$CONF" -N "$name"; done
     local idle=0
     until [ "$idle" -eq "$nodes" ]; do
-        idle=$(SLURM_CONF=$CONF sinfo -h -N -o "%N %t" 2>/dev/null | grep -cE ' (idle|mix|alloc)$' || true)
+        idle=$(usable_nodes)
         if (( SECONDS - start > 60 )); then
-            say "only $idle of $nodes node(s) idle after 60 s; see $DIR/log"; SLURM_CONF=$CONF sinfo -N >&2 || true
+            say "only $idle of $nodes node(s) idle after 60 s; see $DIR/log"; node_states >&2 || true
+            down_quietly  # nothing half-started stays up for a later `up` to take as a working cluster
             return 1
         fi
         [ "$idle" -eq "$nodes" ] || sleep 0.2

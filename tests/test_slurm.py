@@ -547,3 +547,42 @@ def test_a_grid_whose_cells_span_two_nodes_runs_as_a_job_array(two_nodes, tmp_pa
         assert "Starting with 2 processes" in (tmp_path / "slurm" / "g" / cell / "seed3" / "train.log").read_text()
         [last] = glob.glob(str(tmp_path / "slurm" / "g" / cell / "seed3" / "train" / "**" / "last.ckpt"), recursive=True)
         assert torch.load(last, weights_only=True)["global_step"] == 3
+
+
+# -- the cluster itself (last: it restarts the cluster) -----------------------------------------------------------
+def test_up_gives_nodes_that_take_jobs_though_an_earlier_cluster_drained_them(cluster):
+    # A node drained once stays drained through a restart unless `up` drops the saved state: a full disk drained
+    # both nodes ("SlurmdSpoolDir is full"), and every later run of this module waited on them until its timeouts.
+    local = Path(os.environ.get("SENTEMB_SLURM_DIR", "/tmp/sentemb-slurm")) / "slurm.conf"
+    assert Path(cluster) == local, f"this test restarts the cluster of slurm/local_cluster.sh ({local}), " \
+                                   f"not the one in SLURM_CONF ({cluster})"
+    script = ["bash", str(ROOT / "slurm" / "local_cluster.sh")]
+
+    def states() -> dict[str, str]:
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %t"], capture_output=True, text=True, timeout=60).stdout
+        return dict(line.split() for line in out.splitlines() if line.strip())
+
+    def drain(node: str) -> None:
+        subprocess.run(["scontrol", "update", f"nodename={node}", "state=drain", "reason=drained-by-the-test"],
+                       check=True, capture_output=True, timeout=60)
+        wait_for(lambda: states()[node].startswith("drain"), 30, f"{node} drained")
+
+    def up() -> subprocess.CompletedProcess:
+        done = subprocess.run([*script, "up", "--nodes", "2"], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert f"export SLURM_CONF={local}" in done.stdout
+        return done
+
+    # drained while up: `up` sees a node that cannot take jobs, says which and why, and starts afresh
+    drain("sentemb1")
+    again = up()
+    assert "only 1 of 2 node(s) can take jobs; starting afresh" in again.stderr, again.stderr
+    assert re.search(r"sentemb1 drain\S* drained-by-the-test", again.stderr), again.stderr
+    assert states() == {"sentemb1": "idle", "sentemb2": "idle"}
+    # drained before `down`: the next `up` does not bring the drain back
+    drain("sentemb2")
+    subprocess.run([*script, "down"], check=True, capture_output=True, timeout=120)
+    up()
+    assert states() == {"sentemb1": "idle", "sentemb2": "idle"}
+    job_id = submit("--wrap", "hostname", "--nodes=2", "--output=/dev/null")
+    assert wait_state(job_id, ("COMPLETED", "FAILED", "CANCELLED"), timeout=120)["JobState"] == "COMPLETED"
