@@ -1,5 +1,6 @@
 """The blocks of the objectives study (``experiments/objectives.py``): the front page's table and findings, the
-start model, the dev grids, the test tables, the mined file, the Matryoshka curve, and FILM's page.
+start model, the dev grids, the test tables, the rows compared by seed, the mined file, the Matryoshka curve, and
+FILM's page.
 """
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import svg_chart  # noqa: E402
 from objectives import LRS, choose  # noqa: E402
 from papers import PAPERS, SBERT_STSB, PaperRow  # noqa: E402
 from records import DEV, STS  # noqa: E402
-from tables import (NAMES, Data, at_the_edge, bench_header, dev_mean, edge_paragraph, fmt, lr_of, newest,  # noqa: E402
-                    test_avgs, test_records, where)
+from tables import (NAMES, PAIRS_HEADER, Data, at_the_edge, bench_header, dev_mean, edge_paragraph,  # noqa: E402
+                    fmt, lr_of, newest, pair_row, test_avgs, test_records, where)
 
 from harness.figures import figure  # noqa: E402
 
@@ -183,6 +184,26 @@ def _findings_from(all_records: list[dict], start_study: str) -> str | None:
         ("shipped", "as shipped, one cell each: ")) if groups[key]]
     sentences[1:] = [s[0].upper() + s[1:] for s in sentences[1:]]
     return f"From {phrase} ({figure(start[0]['test']['avg'])}), over each choice's seeds, " + " ".join(sentences)
+
+
+PAIRS = (  # (row, reference study, compared study): rows of the front table that differ in one thing, same seeds
+    ("MNR: + the contradiction as hard negative - NLI pairs alone", "objectives_mnr", "objectives_mnr_hard_negatives"),
+    ("MNR: 3 mined negatives - the contradiction", "objectives_mnr_hard_negatives", "objectives_mnr_mined"),
+    ("MNR: Matryoshka dimensions - plain, both at 384", "objectives_mnr", "objectives_mnr_matryoshka"),
+    ("DCLR (complementary: the seed's SimCSE) - unsupervised SimCSE", "objectives_simcse_unsup", "objectives_dclr"),
+)
+
+
+def objectives_pairs(data: Data) -> str:
+    """The front table's rows that differ in one thing, paired by seed: each row's own dev choice, the same seeds
+    and batch orders; and how small the sign-flip p can be at the seeds the rows have."""
+    lines = [*PAIRS_HEADER, *(pair_row(label, data, a, b) for label, a, b in PAIRS)]
+    counts = sorted({len(set(test_avgs(data, a)) & set(test_avgs(data, b))) for _, a, b in PAIRS} - {0, 1})
+    if counts:
+        floors = ", ".join(f"{2 / 2 ** n:.3f} at {n} seeds" for n in counts)
+        lines += ["", f"The exact sign-flip p cannot fall below 2 / 2^n, n the paired seeds ({floors}): with so few "
+                      f"seeds, the 95 % interval says more."]
+    return "\n".join(lines)
 
 
 def mining_nli(data: Data) -> str:

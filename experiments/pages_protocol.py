@@ -14,7 +14,8 @@ import records  # noqa: E402
 import stats  # noqa: E402
 from papers import PAPERS  # noqa: E402
 from records import ROOT, STS  # noqa: E402
-from tables import NAMES, Data, at_the_edge, dev_mean, edge_paragraph, fmt, test_avgs, test_records  # noqa: E402
+from tables import (NAMES, PAIRS_HEADER, Data, at_the_edge, dev_mean, edge_paragraph, fmt, pair_row,  # noqa: E402
+                    test_avgs, test_records)
 
 
 # the training scalars beside each dev cell (the mechanisms table below explains them): whether a search's cells
@@ -60,23 +61,12 @@ PAIRS = (  # (row, reference study, compared study): paired by seed on the seven
 
 
 def protocol_pairs(data: Data) -> str:
-    lines = ["| comparison | seeds | reference | compared | difference (mean ± sd) | 95 % interval | paired t (p) | "
-             "sign-flip p |", "|---|---|---|---|---|---|---|---|"]
     from campaign import CUT
 
+    lines = list(PAIRS_HEADER)
     for label, a, b in PAIRS:
-        if b in CUT:
-            lines.append(f"| {label} | — | — | — | cut from the campaign: see the budget above | | | |")
-            continue
-        ra, rb = test_avgs(data, a), test_avgs(data, b)
-        seeds = sorted(set(ra) & set(rb))
-        if len(seeds) < 2:
-            lines.append(f"| {label} | {len(seeds)} | — | — | not enough paired seeds yet | | | |")
-            continue
-        p = stats.paired(ra, rb)
-        lines.append(f"| {label} | {', '.join(map(str, seeds))} | {stats.summary([ra[s] for s in seeds]).text()} | "
-                     f"{stats.summary([rb[s] for s in seeds]).text()} | **{p.mean:+.2f}** ± {p.sd:.2f} | "
-                     f"{p.low:+.2f} to {p.high:+.2f} | {p.t:.2f} ({p.p_t:.3f}) | {p.p_sign:.3f} |")
+        lines.append(f"| {label} | — | — | — | cut from the campaign: see the budget above | | | |" if b in CUT
+                     else pair_row(label, data, a, b))
     return "\n".join(lines)
 
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import records  # noqa: E402
 from pages_objectives import (MATRYOSHKA_PLOT, dev_grids, film_pairs, film_rows,  # noqa: E402
                               front_findings, front_table, matryoshka_curve, matryoshka_plot, mining_nli,
-                              objectives_where, per_seed_table, start_table, test_table)
+                              objectives_pairs, objectives_where, per_seed_table, start_table, test_table)
 from pages_protocol import (campaign_budget, front_simcse_dclr, protocol_mechanisms, protocol_pairs,  # noqa: E402
                             protocol_per_seed, protocol_search, protocol_tasks, protocol_transfer)
 from pages_speed import (perf_eval, perf_profile, perf_scaling, perf_train, readme_first_commands,  # noqa: E402
@@ -47,6 +47,7 @@ BLOCKS: dict[str, Callable[[list[dict]], str]] = {
     # pages_objectives.py: the front page, the objectives study and FILM's page
     "front_table": front_table, "front_findings": front_findings, "objectives_where": objectives_where,
     "start_table": start_table, "dev_grids": dev_grids, "test_table": test_table, "per_seed": per_seed_table,
+    "objectives_pairs": objectives_pairs,
     "mining_nli": mining_nli, "matryoshka_curve": matryoshka_curve, "film_rows": film_rows, "film_pairs": film_pairs,
     # pages_protocol.py: SimCSE and DCLR on one footing, and the campaign's budget
     "front_simcse_dclr": front_simcse_dclr, "campaign_budget": campaign_budget, "protocol_search": protocol_search,

@@ -11,6 +11,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import records  # noqa: E402
+import stats  # noqa: E402
 
 from harness.figures import figure  # noqa: E402  (the one rounding rule: evaluate.py prints with it too)
 from harness.measurement import in_clone  # noqa: E402
@@ -76,6 +77,23 @@ def machine_text(record: dict) -> str:
 def test_avgs(data: list[dict], study: str) -> dict[int, float]:
     """Seed -> seven-task test average of a study's records that scored the test tasks."""
     return {r["seed"]: r["test"]["avg"] for r in test_records(records.select(data, study))}
+
+
+PAIRS_HEADER = ["| comparison | seeds | reference | compared | difference (mean ± sd) | 95 % interval | paired t (p) | "
+                "sign-flip p |", "|---|---|---|---|---|---|---|---|"]
+
+
+def pair_row(label: str, data: list[dict], reference: str, compared: str) -> str:
+    """One row of a comparison table: two studies' seven-task test averages paired by seed (``compared -
+    reference``), or what is missing while fewer than two seeds have both."""
+    ra, rb = test_avgs(data, reference), test_avgs(data, compared)
+    seeds = sorted(set(ra) & set(rb))
+    if len(seeds) < 2:
+        return f"| {label} | {len(seeds)} | — | — | not enough paired seeds yet | | | |"
+    p = stats.paired(ra, rb)
+    return (f"| {label} | {', '.join(map(str, seeds))} | {stats.summary([ra[s] for s in seeds]).text()} | "
+            f"{stats.summary([rb[s] for s in seeds]).text()} | **{p.mean:+.2f}** ± {p.sd:.2f} | "
+            f"{p.low:+.2f} to {p.high:+.2f} | {p.t:.2f} ({p.p_t:.3f}) | {p.p_sign:.3f} |")
 
 
 def at_the_edge(label: str, chosen: dict | None, knobs: dict[str, tuple[str, ...]]) -> list[str]:

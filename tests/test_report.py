@@ -112,11 +112,18 @@ def test_the_docs_are_what_the_committed_records_give():
     assert report.run(check=True) == []
 
 
-def sts_test(seed: int, avg: float) -> dict:
-    """A test cell of the fixture's STS-B regression, at its dev grid's choice (lr 3e-5: report.check_choices)."""
-    chosen = record("objectives_sts_regression", "base", seed, avg)
+def dev_grid(results: Path, stem: str) -> None:
+    """The dev grid of objectives_<stem>, seed 42: the three learning rates, whose dev means choose lr 3e-5."""
+    for lr, dev in zip(objectives.LRS, ((84.0, 76.0), (85.0, 77.0), (85.0, 76.0))):
+        study = f"objectives_dev_{stem}"
+        records.write(records.path_of(results, study, f"lr={lr}", 42), record(study, f"lr={lr}", 42, None, dev=dev, lr=lr))
+
+
+def chosen_test(results: Path, stem: str, seed: int, avg: float) -> None:
+    """A test cell of objectives_<stem> at its dev grid's choice (lr 3e-5: report.check_choices)."""
+    chosen = record(f"objectives_{stem}", "base", seed, avg)
     chosen["overrides"] = ["model.init_args.lr=3e-5"]
-    return chosen
+    records.write(records.path_of(results, f"objectives_{stem}", "base", seed), chosen)
 
 
 @pytest.fixture()
@@ -127,12 +134,9 @@ def project(tmp_path):
         shutil.copy(ROOT / page, tmp_path / page)
     results = tmp_path / "results"
     records.write(records.path_of(results, "start_mean", "base", 42), record("start_mean", "base", 42, 78.0))
-    for lr, dev in zip(objectives.LRS, ((84.0, 76.0), (85.0, 77.0), (85.0, 76.0))):
-        cell = f"lr={lr}"
-        records.write(records.path_of(results, "objectives_dev_sts_regression", cell, 42),
-                      record("objectives_dev_sts_regression", cell, 42, None, dev=dev, lr=lr))
+    dev_grid(results, "sts_regression")
     for seed, avg in ((42, 81.0), (43, 82.0), (44, 83.0)):
-        records.write(records.path_of(results, "objectives_sts_regression", "base", seed), sts_test(seed, avg))
+        chosen_test(results, "sts_regression", seed, avg)
     report.run(tmp_path)  # write the pages from these records
     return tmp_path
 
@@ -154,13 +158,9 @@ def test_the_findings_measure_each_row_from_its_own_start(project):
     results = project / "results"
     records.write(records.path_of(results, "start_cls_before_pooler", "base", 42),
                   record("start_cls_before_pooler", "base", 42, 70.0))
-    for lr, dev in zip(objectives.LRS, ((84.0, 76.0), (85.0, 77.0), (85.0, 76.0))):
-        records.write(records.path_of(results, "objectives_dev_simcse_sup", f"lr={lr}", 42),
-                      record("objectives_dev_simcse_sup", f"lr={lr}", 42, None, dev=dev, lr=lr))
+    dev_grid(results, "simcse_sup")
     for seed, avg in ((42, 74.0), (43, 75.0), (44, 76.0)):
-        chosen = record("objectives_simcse_sup", "base", seed, avg)
-        chosen["overrides"] = ["model.init_args.lr=3e-5"]
-        records.write(records.path_of(results, "objectives_simcse_sup", "base", seed), chosen)
+        chosen_test(results, "simcse_sup", seed, avg)
     records.write(records.path_of(results, "film_tfidf", "base", 42), record("film_tfidf", "base", 42, 40.0))
     report.run(project)
     text = (project / "docs" / "RESULTS.md").read_text()
@@ -174,6 +174,27 @@ def test_the_findings_measure_each_row_from_its_own_start(project):
                        "to +7.48)."
 
 
+def test_rows_that_differ_in_one_thing_are_paired_by_seed(project):
+    """Two rows of the front table compared seed by seed: seed 45 of one row has no pair, a row with one seed is
+    not compared yet, and the note gives the smallest sign-flip p at the paired seeds."""
+    results = project / "results"
+    for stem, avgs in (("mnr", (79.0, 79.5, 79.2, 70.0)), ("mnr_hard_negatives", (80.0, 80.1, 80.5))):
+        dev_grid(results, stem)
+        for seed, avg in zip((42, 43, 44, 45), avgs):
+            chosen_test(results, stem, seed, avg)
+    dev_grid(results, "mnr_mined")
+    chosen_test(results, "mnr_mined", 42, 81.0)
+    report.run(project)
+    text = (project / "docs" / "results" / "objectives.md").read_text()
+    rows = text.split("<!-- report:objectives_pairs -->")[1].split("<!-- /report:objectives_pairs -->")[0]
+    # differences 1.0, 0.6, 1.3 (seeds 42 to 44): test_paired_statistics_against_hand_computed_values works them
+    # out by hand, mean 0.97 ± 0.35, interval +0.09 to +1.84, t 4.77 (p 0.041), sign-flip 2 / 8
+    assert "| MNR: + the contradiction as hard negative - NLI pairs alone | 42, 43, 44 | 79.23 ± 0.25 | " \
+           "80.20 ± 0.26 | **+0.97** ± 0.35 | +0.09 to +1.84 | 4.77 (0.041) | 0.250 |" in rows
+    assert "| MNR: 3 mined negatives - the contradiction | 1 | — | — | not enough paired seeds yet | | | |" in rows
+    assert "(0.250 at 3 seeds)" in rows
+
+
 def test_a_hand_edited_cell_fails_the_check(project):
     page = project / "docs" / "RESULTS.md"
     page.write_text(page.read_text().replace("82.00 ± 1.00", "82.50 ± 1.00", 1))
@@ -183,7 +204,7 @@ def test_a_hand_edited_cell_fails_the_check(project):
 
 
 def test_a_new_record_makes_the_tables_stale(project):
-    records.write(records.path_of(project / "results", "objectives_sts_regression", "base", 45), sts_test(45, 90.0))
+    chosen_test(project / "results", "sts_regression", 45, 90.0)
     problems = report.run(project, check=True)
     assert {p.split(" ")[0] for p in problems} == {"README.md", "docs/RESULTS.md", "docs/results/objectives.md",
                                                    "docs/results/cells.csv"}  # README holds the findings too
