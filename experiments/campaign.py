@@ -18,7 +18,9 @@ The ready cells start in plan order, ``--jobs`` at a time, so the answers come e
 
 What the budget could not hold is in ``CUT``, with the reason; ``--plan`` lists it and the study page says it.
 
-A cell with a record is never run again. A stopped cell (SIGTERM, SIGKILL, a machine that went away) resumes
+A cell with a record is never run again, with one exception that keeps its record: a seed whose chosen checkpoint
+later cells read (a DCLR seed's complementary SimCSE, the MNR checkpoints scored at each truncation) is trained
+again on a machine that lacks the file (``runs/`` is not in git), before those cells. A stopped cell (SIGTERM, SIGKILL, a machine that went away) resumes
 from its ``last.ckpt`` (refreshed at every validation and every 10 minutes of the protocol's cells), because
 grid.py trains with ``--ckpt_path last``; SIGTERM or SIGINT to this command reaches the training runs, which save
 at the next step and exit. Two drivers never train one cell: grid.py holds a lock on the cell while it runs it.
@@ -63,6 +65,11 @@ OBJECTIVE_STEPS = 300  # configs/overlays/cpu_dev_choice.yaml
 KIN = {"mnr": ("objectives_dev_mnr",), "mnr_hard_negatives": ("objectives_dev_mnr",),
        "simcse_sup": ("objectives_dev_mnr",), "simcse_unsup": ("objectives_dev_mnr",),
        "dclr": ("objectives_dev_simcse_unsup", "objectives_dev_mnr")}
+
+# the objectives whose seeds' chosen checkpoints later cells read: unsupervised SimCSE as DCLR's complementary
+# model, and the two MNR rows scored at each truncation
+TRUNCATED = ("mnr", "mnr_matryoshka")
+READ = ("simcse_unsup", *TRUNCATED)
 
 # Grids of the studies that the budget could not hold, and why (docs/results/simcse_dclr.md prints this).
 CUT: dict[str, str] = {
@@ -120,16 +127,21 @@ class Plan:
 
     def grid(self, study: str, part: str, command: Callable[[], list[str]], *,
              vary: dict[str, tuple[str, ...]] | None = None, seeds: tuple[int, ...] = (42,),
-             needs: Callable[[int], tuple[Need, ...]] = lambda seed: (), kin: tuple[str, ...] = (), steps: int | None = None) -> None:
-        """The cells of one grid.py grid, in grid.py's order (the varied values, then the seeds)."""
+             needs: Callable[[int], tuple[Need, ...]] = lambda seed: (), kin: tuple[str, ...] = (), steps: int | None = None,
+             models: Path | None = None) -> None:
+        """The cells of one grid.py grid, in grid.py's order (the varied values, then the seeds). ``models``: the
+        grids' run folder (grid.py ``--out``), given when later cells read these cells' ``model.ckpt``: a fresh
+        clone lacks it, so the queue trains such a cell again (its record stays as it is) before they start."""
         if study in CUT:
             return
         vary = vary or {}
         assignments = [dict(zip(vary, values)) for values in itertools.product(*vary.values())]
         for i, assignment in enumerate(assignments):
             for j, seed in enumerate(seeds):
-                self.jobs.append(Job(study, grid.cell_label(assignment), seed, part, command, needs(seed), kin,
-                                     steps, task=i * len(seeds) + j))
+                label = grid.cell_label(assignment)
+                model = None if models is None else str(Path(models) / study / label / f"seed{seed}" / "model.ckpt")
+                self.jobs.append(Job(study, label, seed, part, command, needs(seed), kin, steps,
+                                     task=i * len(seeds) + j, output=model, remake=command if model else None))
 
 
 def build_plan(args: argparse.Namespace) -> Plan:
@@ -150,7 +162,7 @@ def build_plan(args: argparse.Namespace) -> Plan:
     plan.grid("protocol_simcse_dev", headline, lambda: proto.stage_simcse_dev()[0], vary=views, kin=simcse_kin,
               steps=steps)
     plan.grid("protocol_simcse", headline, lambda: proto.stage_simcse()[0], seeds=SEEDS,
-              needs=lambda seed: (Need("protocol_simcse_dev"),), kin=simcse_kin, steps=steps)
+              needs=lambda seed: (Need("protocol_simcse_dev"),), kin=simcse_kin, steps=steps, models=args.out)
     dclr_needs = lambda seed: (Need("protocol_simcse_dev"), Need("protocol_simcse", SEEDS[0]))  # noqa: E731
     plan.grid("protocol_dclr_dev_phi", headline, lambda: proto.stage_dclr_dev()[0], needs=dclr_needs,
               vary={f"{M}noise_beta": protocol.BETAS, f"{M}phi": protocol.PHIS}, kin=dclr_kin, steps=steps)
@@ -180,7 +192,7 @@ def build_plan(args: argparse.Namespace) -> Plan:
             kin=KIN.get(name, ()), steps=OBJECTIVE_STEPS)
         plan.grid(f"objectives_{name}", part, lambda n=name, c=configs, s=sets: _test_grid(ob, n, c, s),
                   seeds=test_seeds, needs=lambda seed, d=dev, comp=comp: (Need(d), *comp(seed)),
-                  kin=(dev, *KIN.get(name, ())), steps=OBJECTIVE_STEPS)
+                  kin=(dev, *KIN.get(name, ())), steps=OBJECTIVE_STEPS, models=args.out if name in READ else None)
     for name, (configs, sets) in objectives.FILM.items():
         plan.grid(name, part, lambda n=name, c=configs, s=sets: objectives.grid(
             ob, n, c, tuple(x.format(data=data) for x in (*s, "data.init_args.sts_dir={data}/sts")), "--seeds", "42"))
@@ -205,15 +217,15 @@ def build_plan(args: argparse.Namespace) -> Plan:
             kin=("objectives_dev_mnr",), steps=OBJECTIVE_STEPS)
         plan.grid(f"objectives_{name}", part, lambda n=name, c=configs, s=sets: _test_grid(ob, n, c, s),
                   seeds=test_seeds, needs=lambda seed, d=dev, b=base: (Need(d), *b), kin=(dev, "objectives_dev_mnr"),
-                  steps=OBJECTIVE_STEPS)
-    for name in ("mnr", "mnr_matryoshka"):
+                  steps=OBJECTIVE_STEPS, models=args.out if name in READ else None)
+    for name in TRUNCATED:
         for dim in objectives.TRUNCATE_DIMS:
             for seed in test_seeds:
                 study = f"objectives_{name}_dim{dim}"
                 plan.grid(study, part, lambda n=name, st=study, d=dim, s=seed: [
                     sys.executable, str(ROOT / "experiments" / "grid.py"), "--name", st, "--model",
                     f"{args.out}/objectives_{n}/base/seed{s}/model.ckpt", "--seeds", str(s), "--sts_dir",
-                    f"{data}/sts", "--eval_arg", f"--truncate_dim={d}", "--eval_precision", "32", "--threads",
+                    f"{data}/sts", f"--eval_arg=--truncate_dim={d}", "--eval_precision", "32", "--threads",
                     str(args.threads), "--records", str(args.records), "--out", str(args.out)],
                     seeds=(seed,), needs=lambda _, n=name, s=seed: (Need(f"objectives_{n}", s),), kin=("start_mean",))
 
@@ -257,6 +269,12 @@ class State:
     def usable(self, job: Job) -> bool:
         """Done, and the file it writes for the cells that need it is on disk."""
         return self.done(job) and (job.output is None or os.path.exists(job.output))
+
+    def to_remake(self, plan: Plan) -> list[Job]:
+        """The done jobs whose output file a cell without a record needs but this machine lacks (Job.output)."""
+        left = [j for j in plan.jobs if not self.done(j)]
+        missing = {n.key for j in left for n in self.needed(j) if self.done(n) and not self.usable(n)}
+        return [j for j in plan.jobs if j.key in missing]
 
     def needed(self, job: Job) -> list[Job]:
         return [j for need in job.needs for j in self.planned.get(need.study, [])
@@ -316,7 +334,7 @@ class Summary:
 
 def summarize(plan: Plan, state: State, jobs: int, now: datetime.datetime | None = None) -> Summary:
     left = [j for j in plan.jobs if not state.done(j)]
-    left_s = sum(state.estimate(j)[0] for j in left)
+    left_s = sum(state.estimate(j)[0] for j in [*left, *state.to_remake(plan)])
     now = now or datetime.datetime.now(datetime.timezone.utc)
     return Summary(len(plan.jobs) - len(left), len(left), state.spent(plan) / 3600, left_s / 3600,
                    now + datetime.timedelta(seconds=left_s / max(1, jobs)))
@@ -334,6 +352,13 @@ def print_plan(plan: Plan, state: State, jobs: int) -> None:
         wait = "" if state.ready(job) else "  (waits for " + ", ".join(
             need.study + ("" if need.seed is None else f" seed {need.seed}") for need in job.needs) + ")"
         print(f"{n:>3}  {job.part:<14} {job.key:<66} {cost / 3600:>6.2f}  {source}{wait}")
+    remakes = state.to_remake(plan)
+    if remakes:
+        print("done, but the file that cells above read is not on this machine: trained again first, with the same "
+              "command (their records stay as they are; the first line's core-hours count them)")
+        for job in remakes:
+            cost, source = state.estimate(job)
+            print(f"     {job.part:<14} {job.key:<66} {cost / 3600:>6.2f}  {source}; writes {job.output}")
     print("cut, and why (in the order of cuts):")
     for study, why in CUT.items():
         print(f"  {study}: {why}")
@@ -428,8 +453,7 @@ class Runner:
         """The cells to start, in plan order: those without a record whose needs are met, and the done jobs whose
         output file a waiting cell needs but a fresh clone lacks (written again, without a new record)."""
         now = time.time()
-        left = [j for j in self.plan.jobs if not state.done(j)]
-        missing = {n.key for j in left for n in state.needed(j) if state.done(n) and not state.usable(n)}
+        missing = {j.key for j in state.to_remake(self.plan)}
         return [j for j in self.plan.jobs if (not state.done(j) or j.key in missing) and j.key not in self.running
                 and j.key not in self.failed and self.busy_until.get(j.key, 0) <= now
                 and (j.key in missing or state.ready(j))]

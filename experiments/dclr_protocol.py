@@ -206,7 +206,7 @@ class Protocol:
         for name, normalize in (("protocol_start_transfer", "auto"), ("protocol_start_transfer_raw", "no")):
             out.append([sys.executable, str(ROOT / "experiments" / "grid.py"), "--name", name, "--model", START,
                         "--sts_dir", self.args.sts_dir, "--transfer_dir", self.args.transfer_dir,
-                        "--eval_arg", f"--normalize={normalize}", "--eval_precision", self.args.eval_precision,
+                        f"--eval_arg=--normalize={normalize}", "--eval_precision", self.args.eval_precision,
                         "--threads", str(self.args.threads), "--out", str(self.out), "--records",
                         str(self.args.records)])
         return out

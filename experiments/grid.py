@@ -471,7 +471,7 @@ def submit(args: argparse.Namespace, argv: list[str], cells: int) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--name", required=True, help="the grid's directory under --out")
     parser.add_argument("--config", action="append", default=[], help="train.py config files, merged in order")
@@ -510,6 +510,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wait", action="store_true", help="with --launcher slurm: return when the table job ends")
     parser.add_argument("--task", type=int, default=None,
                         help="run only the cell of this index (an array task of --launcher slurm)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if bool(args.config) == bool(args.model):
         parser.error("give --config (cells that train) or --model (one cell that evaluates a model), not both")

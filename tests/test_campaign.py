@@ -21,6 +21,7 @@ from tests.test_train import objective_config
 sys.path.insert(0, str(ROOT / "experiments"))
 import campaign  # noqa: E402
 import dclr_protocol  # noqa: E402
+import grid  # noqa: E402
 import records  # noqa: E402
 import report  # noqa: E402
 
@@ -79,6 +80,11 @@ def test_the_plan_waits_for_each_choice_and_for_each_seeds_complementary_model(t
     assert f"{M}augmentation=token_shuffle" in command and f"{M}lr=3e-5" in command
 
     write(args.records, "protocol_simcse", "base", 42, avg=75.0)
+    # its record alone is not enough: DCLR reads its checkpoint, which the finished cell leaves in its folder
+    assert not any(k.startswith("protocol_dclr_dev") for k in keys(plan, campaign.State(plan, args.records)))
+    checkpoint = args.out / "protocol_simcse" / "base" / "seed42" / "model.ckpt"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.write_text("")
     state = campaign.State(plan, args.records)
     ready = keys(plan, state)
     assert sum(k.startswith("protocol_dclr_dev") for k in ready) == dclr_protocol.BUDGET
@@ -384,6 +390,51 @@ def test_the_newer_rows_mine_first_and_score_each_seeds_checkpoint_at_each_trunc
     assert [n.study for n in trunc[0].needs] == ["objectives_mnr_matryoshka"] and trunc[0].needs[0].seed == 42
     command = trunc[0].command()
     assert command[command.index("--model") + 1] == f"{args.out}/objectives_mnr_matryoshka/base/seed42/model.ckpt"
-    assert "--truncate_dim=64" in command and command[command.index("--seeds") + 1] == "42"
+    # what grid.py reads from the command line: evaluate.py's option, for this seed only
+    parsed = grid.build_parser().parse_args(command[2:])
+    assert parsed.eval_arg == ["--truncate_dim=64"] and parsed.seeds == "42"
     assert {j.study for j in plan.jobs if "_dim" in j.study} == {
         f"objectives_{n}_dim{d}" for n in ("mnr", "mnr_matryoshka") for d in objectives.TRUNCATE_DIMS}
+
+
+def test_every_grid_command_of_the_plan_is_one_that_grid_py_accepts(tmp_path):
+    args = plan_args(tmp_path)
+    parsed = 0
+    for job in campaign.build_plan(args).jobs:
+        try:
+            command = job.command()
+        except (SystemExit, RuntimeError):  # a stage that waits for a choice
+            continue
+        if command[1].endswith("grid.py"):
+            grid.build_parser().parse_args(command[2:])  # an error here exits with grid.py's message
+            parsed += 1
+    assert parsed >= 30
+
+
+def test_a_seed_whose_checkpoint_later_cells_read_is_trained_again_on_a_machine_that_lacks_it(tmp_path, capsys):
+    args = plan_args(tmp_path)
+    plan = campaign.build_plan(args)
+    seed42 = next(j for j in plan.jobs if j.key == "objectives_mnr/base/seed42")
+    assert seed42.output == str(args.out / "objectives_mnr" / "base" / "seed42" / "model.ckpt")
+    assert seed42.remake is seed42.command  # the same cell again: grid.py keeps the record that exists
+    assert next(j for j in plan.jobs if j.key == "objectives_simcse_unsup/base/seed43").output is not None
+    assert next(j for j in plan.jobs if j.key == "protocol_simcse/base/seed45").output is not None
+    assert next(j for j in plan.jobs if j.key == "objectives_sts_regression/base/seed42").output is None  # nothing reads it
+    for seed in (42, 43, 44):
+        write(args.records, "objectives_mnr", "base", seed, avg=70.0)
+    state = campaign.State(plan, args.records)
+    assert state.done(seed42) and not state.usable(seed42)
+    assert [j.key for j in state.to_remake(plan)] == [f"objectives_mnr/base/seed{s}" for s in (42, 43, 44)]
+    assert not any(k.startswith("objectives_mnr_dim") for k in keys(plan, state))
+    runner = campaign.Runner(argparse.Namespace(jobs=2, threads=1, records=args.records, out=args.out), plan)
+    assert {"objectives_mnr/base/seed42", "objectives_mnr/base/seed43"} <= {
+        j.key for j in runner.next_ready(state)}
+    campaign.print_plan(plan, state, 2)
+    printed = capsys.readouterr().out
+    assert "objectives_mnr/base/seed44" in printed and f"writes {seed42.output}" in printed
+    # the checkpoint of seed 42 is back: its truncations start, and only the other two seeds are trained again
+    os.makedirs(os.path.dirname(seed42.output))
+    open(seed42.output, "w").close()
+    state = campaign.State(plan, args.records)
+    assert "objectives_mnr_dim64/base/seed42" in keys(plan, state)
+    assert [j.seed for j in state.to_remake(plan)] == [43, 44]
