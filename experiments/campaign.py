@@ -332,9 +332,12 @@ class Summary:
                 f"{self.end:%Y-%m-%d %H:%M} UTC")
 
 
-def summarize(plan: Plan, state: State, jobs: int, now: datetime.datetime | None = None) -> Summary:
+def summarize(plan: Plan, state: State, jobs: int, now: datetime.datetime | None = None,
+              remakes: bool = True) -> Summary:
+    """Cells done and left, with their cost. ``remakes``: count the cells that this machine trains again for a file
+    it lacks; a page generated from the records leaves them out, so that it reads the same on every clone."""
     left = [j for j in plan.jobs if not state.done(j)]
-    left_s = sum(state.estimate(j)[0] for j in [*left, *state.to_remake(plan)])
+    left_s = sum(state.estimate(j)[0] for j in [*left, *(state.to_remake(plan) if remakes else [])])
     now = now or datetime.datetime.now(datetime.timezone.utc)
     return Summary(len(plan.jobs) - len(left), len(left), state.spent(plan) / 3600, left_s / 3600,
                    now + datetime.timedelta(seconds=left_s / max(1, jobs)))
@@ -478,7 +481,8 @@ class Runner:
                     self.failed.add(job.key)
                     self.say(f"FAILED {job.key}: {err}", state)
                     continue
-                self.say(f"start {job.key}", state)
+                self.say(f"remake {job.output} ({job.key} again)" if job.key in self.remaking else f"start {job.key}",
+                         state)
             if not self.running:
                 left = [j for j in self.plan.jobs if not state.done(j)]
                 waiting = [j for j in left if j.key in self.busy_until]

@@ -17,7 +17,7 @@ from objectives import LRS, choose  # noqa: E402
 from papers import PAPERS, SBERT_STSB, PaperRow  # noqa: E402
 from records import DEV, STS  # noqa: E402
 from tables import (NAMES, PAIRS_HEADER, Data, at_the_edge, bench_header, dev_mean, edge_paragraph,  # noqa: E402
-                    fmt, lr_of, newest, pair_row, test_avgs, test_records, where)
+                    fmt, lr_of, newest, pair_row, paired_seeds, test_avgs, test_records, where)
 
 from harness.figures import figure  # noqa: E402
 
@@ -198,9 +198,9 @@ def objectives_pairs(data: Data) -> str:
     """The front table's rows that differ in one thing, paired by seed: each row's own dev choice, the same seeds
     and batch orders; and how small the sign-flip p can be at the seeds the rows have."""
     lines = [*PAIRS_HEADER, *(pair_row(label, data, a, b) for label, a, b in PAIRS)]
-    counts = sorted({len(set(test_avgs(data, a)) & set(test_avgs(data, b))) for _, a, b in PAIRS} - {0, 1})
+    counts = sorted({len(paired_seeds(data, a, b)) for _, a, b in PAIRS} - {0, 1})
     if counts:
-        floors = ", ".join(f"{2 / 2 ** n:.3f} at {n} seeds" for n in counts)
+        floors = ", ".join(f"{stats.sign_flip_floor(n):.3f} at {n} seeds" for n in counts)
         lines += ["", f"The exact sign-flip p cannot fall below 2 / 2^n, n the paired seeds ({floors}): with so few "
                       f"seeds, the 95 % interval says more."]
     return "\n".join(lines)

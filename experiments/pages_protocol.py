@@ -202,7 +202,7 @@ def sign_floor(p: stats.Paired) -> str:
     """Says when the sign-flip p is the smallest its seeds allow (every difference of one sign: 2 of the 2^n
     patterns), so that a reader does not take 0.062 at five seeds for a weak result."""
     n = len(p.diffs)
-    return f", the smallest {n} seeds allow: every seed's difference has one sign" if p.p_sign <= 2 / 2 ** n + 1e-12 else ""
+    return f", the smallest {n} seeds allow: every seed's difference has one sign" if p.p_sign <= stats.sign_flip_floor(n) + 1e-12 else ""
 
 
 IDLE_WEIGHTING = 1e-3  # a weighting that masks less than one in-batch negative in a thousand leaves DCLR its noise
@@ -245,7 +245,7 @@ def campaign_budget(data: Data) -> str:
         counts[0] += state.done(job)
         counts[1] += 1
         counts[2] += state.estimate(job)[0] if not state.done(job) else 0
-    summary = campaign.summarize(plan, state, jobs=2)
+    summary = campaign.summarize(plan, state, jobs=2, remakes=False)  # the records' cells, the same on every clone
     lines = [f"The campaign (`python experiments/campaign.py --plan`): {summary.done} of {summary.done + summary.left} "
              f"planned cells have records; {summary.spent_h:.1f} core-hours spent, about {summary.left_h:.1f} left by "
              f"the records' wall times, against a budget of {campaign.BUDGET_CORE_HOURS:.0f}."

@@ -50,6 +50,12 @@ def sign_flip_p(diffs: Sequence[float]) -> float:
     return sum(f >= observed - 1e-12 for f in flips) / len(flips)
 
 
+def sign_flip_floor(n: int) -> float:
+    """The smallest two-sided sign-flip p that ``n`` pairs allow: 2 of the ``2^n`` patterns, when every difference
+    has one sign."""
+    return 2 / 2 ** n
+
+
 @dataclass(frozen=True)
 class Paired:
     seeds: list[int]

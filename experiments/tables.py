@@ -83,11 +83,16 @@ PAIRS_HEADER = ["| comparison | seeds | reference | compared | difference (mean 
                 "sign-flip p |", "|---|---|---|---|---|---|---|---|"]
 
 
+def paired_seeds(data: list[dict], reference: str, compared: str) -> list[int]:
+    """The seeds at which both studies scored the test tasks."""
+    return sorted(set(test_avgs(data, reference)) & set(test_avgs(data, compared)))
+
+
 def pair_row(label: str, data: list[dict], reference: str, compared: str) -> str:
     """One row of a comparison table: two studies' seven-task test averages paired by seed (``compared -
     reference``), or what is missing while fewer than two seeds have both."""
     ra, rb = test_avgs(data, reference), test_avgs(data, compared)
-    seeds = sorted(set(ra) & set(rb))
+    seeds = paired_seeds(data, reference, compared)
     if len(seeds) < 2:
         return f"| {label} | {len(seeds)} | — | — | not enough paired seeds yet | | | |"
     p = stats.paired(ra, rb)

@@ -22,8 +22,10 @@ sys.path.insert(0, str(ROOT / "experiments"))
 import campaign  # noqa: E402
 import dclr_protocol  # noqa: E402
 import grid  # noqa: E402
+import pages_protocol  # noqa: E402
 import records  # noqa: E402
 import report  # noqa: E402
+import tables  # noqa: E402
 
 M = "model.init_args."
 
@@ -301,7 +303,8 @@ def test_a_done_job_whose_output_a_fresh_clone_lacks_is_remade_without_a_second_
     assert [j.study for j in runner.next_ready(runner.state())] == ["make"]
     assert runner.run() == 0
     out = capsys.readouterr().out
-    assert f"remade {made}" in out and "done  use/base/seed42" in out
+    assert f"remake {made} (make/base/seed42 again)" in out and f"remade {made}" in out
+    assert "done  use/base/seed42" in out
     assert sorted(p.name for p in folder.iterdir()) == ["first.json"] and used.exists()
 
 
@@ -411,8 +414,11 @@ def test_every_grid_command_of_the_plan_is_one_that_grid_py_accepts(tmp_path):
     assert parsed >= 30
 
 
-def test_a_seed_whose_checkpoint_later_cells_read_is_trained_again_on_a_machine_that_lacks_it(tmp_path, capsys):
+def test_a_seed_whose_checkpoint_later_cells_read_is_trained_again_on_a_machine_that_lacks_it(tmp_path, capsys,
+                                                                                               monkeypatch):
     args = plan_args(tmp_path)
+    args.out = tmp_path / "runs" / "grid"
+    monkeypatch.setattr(pages_protocol, "ROOT", tmp_path)  # the page's plan reads the runs of this clone
     plan = campaign.build_plan(args)
     seed42 = next(j for j in plan.jobs if j.key == "objectives_mnr/base/seed42")
     assert seed42.output == str(args.out / "objectives_mnr" / "base" / "seed42" / "model.ckpt")
@@ -421,7 +427,7 @@ def test_a_seed_whose_checkpoint_later_cells_read_is_trained_again_on_a_machine_
     assert next(j for j in plan.jobs if j.key == "protocol_simcse/base/seed45").output is not None
     assert next(j for j in plan.jobs if j.key == "objectives_sts_regression/base/seed42").output is None  # nothing reads it
     for seed in (42, 43, 44):
-        write(args.records, "objectives_mnr", "base", seed, avg=70.0)
+        write(args.records, "objectives_mnr", "base", seed, avg=70.0, wall=7200.0)
     state = campaign.State(plan, args.records)
     assert state.done(seed42) and not state.usable(seed42)
     assert [j.key for j in state.to_remake(plan)] == [f"objectives_mnr/base/seed{s}" for s in (42, 43, 44)]
@@ -432,9 +438,18 @@ def test_a_seed_whose_checkpoint_later_cells_read_is_trained_again_on_a_machine_
     campaign.print_plan(plan, state, 2)
     printed = capsys.readouterr().out
     assert "objectives_mnr/base/seed44" in printed and f"writes {seed42.output}" in printed
+    # the queue's estimate counts them; the page generated from the records does not, so it reads the same on a
+    # clone that has the checkpoints and on one that lacks them
+    summary = campaign.summarize(plan, state, 2)
+    records_only = campaign.summarize(plan, state, 2, remakes=False)
+    assert summary.left_h > records_only.left_h and summary.left == records_only.left
+    data = tables.Data(records.load_all(args.records), [], args.records)
+    page = pages_protocol.campaign_budget(data)
     # the checkpoint of seed 42 is back: its truncations start, and only the other two seeds are trained again
     os.makedirs(os.path.dirname(seed42.output))
     open(seed42.output, "w").close()
     state = campaign.State(plan, args.records)
     assert "objectives_mnr_dim64/base/seed42" in keys(plan, state)
     assert [j.seed for j in state.to_remake(plan)] == [43, 44]
+    assert campaign.summarize(plan, state, 2, remakes=False).left_h == records_only.left_h
+    assert pages_protocol.campaign_budget(data) == page
