@@ -153,7 +153,7 @@ plt.bar(list(results), list(results.values())); plt.ylabel("Spearman x 100"); pl
                      "trained here first."),
         ("code", SETUP),
         ("code", """\
-import glob, tempfile, yaml
+import tempfile, yaml
 import train
 from experiments.plots import read_curves, plot_curves
 

@@ -153,12 +153,14 @@ up() {
         if [ "$(running_nodes)" -ne "$nodes" ]; then
             say "error: already up with $(running_nodes) node(s), not $nodes; run down first"; return 1
         fi
-        if [ "$(usable_nodes)" -eq "$nodes" ]; then
+        local usable
+        usable=$(usable_nodes)
+        if [ "$usable" -eq "$nodes" ]; then
             say "already up"
             echo "export SLURM_CONF=$CONF"
             return 0
         fi
-        say "up, but only $(usable_nodes) of $nodes node(s) can take jobs; starting afresh:"; node_states >&2 || true
+        say "up, but only $usable of $nodes node(s) can take jobs; starting afresh:"; node_states >&2 || true
     fi
     down_quietly
     # A new `up` is a new cluster. The saved state of an earlier one would bring back its jobs and its drained nodes:
