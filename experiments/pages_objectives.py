@@ -16,7 +16,7 @@ import svg_chart  # noqa: E402
 from objectives import LRS, choose  # noqa: E402
 from papers import PAPERS, SBERT_STSB, PaperRow  # noqa: E402
 from records import DEV, STS  # noqa: E402
-from tables import (NAMES, PAIRS_HEADER, Data, at_the_edge, bench_header, dev_mean, edge_paragraph,  # noqa: E402
+from tables import (NAMES, PAIRS_HEADER, Data, at_the_edge, bench_header, chip, dev_mean, edge_paragraph,  # noqa: E402
                     fmt, lr_of, newest, pair_row, paired_seeds, test_avgs, test_records, where)
 
 from harness.figures import figure  # noqa: E402
@@ -261,9 +261,29 @@ def matryoshka_curve(data: Data) -> str:
         lines.append(f"| {d} | {stats.summary(list(plain.values())).text()} | {stats.summary(list(mat.values())).text()} "
                      f"| {diff} |")
     plot = Path(MATRYOSHKA_PLOT).name  # the block's page, docs/results/objectives.md, sits beside it
+    for label, name in MATRYOSHKA_ROWS:
+        if note := scored_elsewhere(data, label, name):
+            lines += ["", note]
     lines += ["", f"![The seven-task test average of plain and Matryoshka MNR at each dimension, mean and sd over the "
                   f"seeds]({plot})"]
     return "\n".join(lines)
+
+
+def scored_elsewhere(data: Data, label: str, name: str) -> str | None:
+    """Says where a row's truncations were scored on another processor than its seeds were trained on: that machine
+    lacked the checkpoints (runs/ does not travel with the records), so the queue trained each seed there again
+    with its own command before scoring it (experiments/campaign.py)."""
+    from objectives import TRUNCATE_DIMS
+
+    trained = {chip(r["machine"]) for r in test_records(records.select(data, f"objectives_{name}"))}
+    scored = {chip(r["machine"]) for d in TRUNCATE_DIMS
+              for r in test_records(records.select(data, f"objectives_{name}_dim{d}"))}
+    if not trained or scored <= trained:
+        return None
+    return (f"The {label} seeds were trained on {' and '.join(sorted(trained))}, their truncations scored on "
+            f"{' and '.join(sorted(scored - trained))}: a machine without a seed's checkpoint trains it again with the "
+            f"seed's own command before scoring it (`experiments/campaign.py`), so the 384 row is the record's "
+            f"checkpoint and the truncations are of its fp32 retraining.")
 
 
 def matryoshka_plot(data: Data) -> str:

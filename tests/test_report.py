@@ -483,7 +483,19 @@ def test_the_matryoshka_curve_pairs_each_truncation_by_seed(tmp_path):
     assert rows["384"] == "| 384 | 81.00 ± 1.41 | 80.00 ± 1.41 | -1.00 ± 0.00 |"
     assert rows["64"] == "| 64 | 72.00 ± 2.83 | 76.50 ± 2.12 | 4.50 ± 0.71 |"
     assert rows["32"] == "| 32 | — | — | — |"
+    assert "trains it again" not in table  # every cell on one machine
     assert report.matryoshka_curve(report.Data([], [], tmp_path)).startswith("No record yet")
+    # plain MNR's truncations scored on another processor: the checkpoints there were trained again, and it says so
+    for seed in (42, 43):
+        path = records.path_of(tmp_path, "objectives_mnr_dim64", "base", seed)
+        moved = json.loads(path.read_text())
+        moved["machine"] = {**moved["machine"], "cpu": "Other CPU", "bf16_units": ["avx512_bf16"]}
+        path.write_text(json.dumps(moved))
+    table = report.matryoshka_curve(report.Data(records.load_all(tmp_path), [], tmp_path))
+    notes = [line for line in table.splitlines() if "trains it again" in line]
+    assert len(notes) == 1 and notes[0].startswith(
+        "The plain MNR seeds were trained on Test CPU (no bf16 units), their truncations scored on Other CPU "
+        "(avx512_bf16):")
 
 
 def test_the_matryoshka_plot_draws_each_rows_means_and_sds_from_the_records(tmp_path):
