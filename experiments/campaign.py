@@ -20,10 +20,11 @@ What the budget could not hold is in ``CUT``, with the reason; ``--plan`` lists 
 
 A cell with a record is never run again, with one exception that keeps its record: a seed whose chosen checkpoint
 later cells read (a DCLR seed's complementary SimCSE, the MNR checkpoints scored at each truncation) is trained
-again on a machine that lacks the file (``runs/`` is not in git), before those cells. A stopped cell (SIGTERM, SIGKILL, a machine that went away) resumes
-from its ``last.ckpt`` (refreshed at every validation and every 10 minutes of the protocol's cells), because
-grid.py trains with ``--ckpt_path last``; SIGTERM or SIGINT to this command reaches the training runs, which save
-at the next step and exit. Two drivers never train one cell: grid.py holds a lock on the cell while it runs it.
+again on a machine that lacks the file (``runs/`` is not in git), before those cells. A stopped cell (SIGTERM,
+SIGKILL, a machine that went away) resumes from its ``last.ckpt`` (refreshed at every validation and every 10
+minutes of the protocol's cells), because grid.py trains with ``--ckpt_path last``; SIGTERM or SIGINT to this
+command reaches the training runs, which save at the next step and exit. Two drivers never train one cell:
+grid.py holds a lock on the cell while it runs it.
 
 Each cell's cost is estimated from the records' wall times: the mean of its own study's records, else of the
 studies named as its kin, else of every training record (``--plan`` names the source of each estimate).
@@ -127,8 +128,8 @@ class Plan:
 
     def grid(self, study: str, part: str, command: Callable[[], list[str]], *,
              vary: dict[str, tuple[str, ...]] | None = None, seeds: tuple[int, ...] = (42,),
-             needs: Callable[[int], tuple[Need, ...]] = lambda seed: (), kin: tuple[str, ...] = (), steps: int | None = None,
-             models: Path | None = None) -> None:
+             needs: Callable[[int], tuple[Need, ...]] = lambda seed: (), kin: tuple[str, ...] = (),
+             steps: int | None = None, models: Path | None = None) -> None:
         """The cells of one grid.py grid, in grid.py's order (the varied values, then the seeds). ``models``: the
         grids' run folder (grid.py ``--out``), given when later cells read these cells' ``model.ckpt``: a fresh
         clone lacks it, so the queue trains such a cell again (its record stays as it is) before they start."""
@@ -139,7 +140,7 @@ class Plan:
         for i, assignment in enumerate(assignments):
             for j, seed in enumerate(seeds):
                 label = grid.cell_label(assignment)
-                model = None if models is None else str(Path(models) / study / label / f"seed{seed}" / "model.ckpt")
+                model = None if models is None else str(grid.cell_dir(models, study, label, seed) / grid.MODEL)
                 self.jobs.append(Job(study, label, seed, part, command, needs(seed), kin, steps,
                                      task=i * len(seeds) + j, output=model, remake=command if model else None))
 
@@ -224,9 +225,9 @@ def build_plan(args: argparse.Namespace) -> Plan:
                 study = f"objectives_{name}_dim{dim}"
                 plan.grid(study, part, lambda n=name, st=study, d=dim, s=seed: [
                     sys.executable, str(ROOT / "experiments" / "grid.py"), "--name", st, "--model",
-                    f"{args.out}/objectives_{n}/base/seed{s}/model.ckpt", "--seeds", str(s), "--sts_dir",
-                    f"{data}/sts", f"--eval_arg=--truncate_dim={d}", "--eval_precision", "32", "--threads",
-                    str(args.threads), "--records", str(args.records), "--out", str(args.out)],
+                    str(grid.cell_dir(args.out, f"objectives_{n}", seed=s) / grid.MODEL), "--seeds", str(s),
+                    "--sts_dir", f"{data}/sts", f"--eval_arg=--truncate_dim={d}", "--eval_precision", "32",
+                    "--threads", str(args.threads), "--records", str(args.records), "--out", str(args.out)],
                     seeds=(seed,), needs=lambda _, n=name, s=seed: (Need(f"objectives_{n}", s),), kin=("start_mean",))
 
     # 3. the start's transfer rows: its pipeline's unit vectors and the raw pooled ones

@@ -43,6 +43,7 @@ import sys
 import time
 from pathlib import Path
 
+import grid
 import records
 from records import ROOT
 
@@ -138,7 +139,7 @@ class Protocol:
 
     def comp(self, study: str) -> str:
         """Each seed's complementary model: the cell of that seed in ``study`` (grid.py fills in {seed})."""
-        return f"{M}complementary_model={self.out}/{study}/base/seed{{seed}}/model.ckpt"
+        return f"{M}complementary_model={grid.cell_dir(self.out, study) / grid.MODEL}"
 
     @staticmethod
     def sets(values: dict[str, str]) -> list[str]:

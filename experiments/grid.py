@@ -71,6 +71,15 @@ def cell_label(assignment: dict[str, str]) -> str:
     return ",".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in assignment.items()) or "base"
 
 
+MODEL = "model.ckpt"  # in each cell's folder: a link to the checkpoint the cell chose
+
+
+def cell_dir(out: Path | str, name: str, label: str = "base", seed: int | str = "{seed}") -> Path:
+    """A cell's folder, ``OUT/NAME/LABEL/seedSEED``: its logs, its run, its record's source and ``MODEL``. The
+    default seed is a literal ``{seed}``, which grid.py replaces by each cell's seed in a ``--set`` value."""
+    return Path(out) / name / label / f"seed{seed}"
+
+
 def last_checkpoint(train_dir: Path) -> Path | None:
     found = sorted(train_dir.glob("**/checkpoints/last.ckpt"), key=os.path.getmtime)
     return found[-1] if found else None
@@ -321,7 +330,7 @@ def _run_locked(args: argparse.Namespace, cell: Path, assignment: dict[str, str]
             if ckpt is None:
                 print(f"FAILED {name}: no {args.select} checkpoint under {cell / 'train'}", flush=True)
                 return None
-            link = cell / "model.ckpt"
+            link = cell / MODEL
             link.unlink(missing_ok=True)
             link.symlink_to(ckpt.relative_to(cell))
             source = ["--ckpt_path", str(ckpt)]
@@ -530,14 +539,15 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--set {o!r}: expected KEY=VALUE")
     varied = [parse_vary(v) for v in args.vary]
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    args.out = (args.out / args.name).absolute()
+    root = args.out.absolute()
+    args.out = root / args.name
     rows: dict[str, list[Path]] = {}
     jobs = []
     for values in itertools.product(*[vals for _, vals in varied]):
         assignment = {key: value for (key, _), value in zip(varied, values)}
         label = cell_label(assignment)
         for seed in seeds:
-            cell = args.out / label / f"seed{seed}"
+            cell = cell_dir(root, args.name, label, seed)
             rows.setdefault(label, []).append(cell)
             jobs.append((cell, assignment, seed))
     if args.launcher == "slurm" and not args.table_only:

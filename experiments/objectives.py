@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import records
+from grid import MODEL, cell_dir
 from records import ROOT
 
 LRS = ("1e-5", "3e-5", "5e-5")
@@ -49,9 +50,11 @@ OBJECTIVES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "simcse_unsup": (("configs/simcse_unsup.yaml", "configs/overlays/offline_wiki.yaml"), ()),
 }
 # DCLR at its paper settings, its complementary model the chosen SimCSE of the same seed (it saw the batches, as
-# the paper's does): its cells wait for SimCSE's test cells (stage dclr, after test)
+# the paper's does): its cells wait for SimCSE's test cells (stage dclr, after test). ``{out}`` is filled in with
+# grid.py's --out before the grid runs, and ``{seed}`` by grid.py with each cell's seed
 DCLR = (("configs/dclr.yaml", "configs/overlays/offline_wiki.yaml"),
-        ("model.init_args.complementary_model={out}/objectives_simcse_unsup/base/seed{{seed}}/model.ckpt",))
+        (f"model.init_args.complementary_model="
+         f"{cell_dir('{out}', 'objectives_simcse_unsup', seed='{{seed}}') / MODEL}",))
 FILM = {
     "film_tfidf": (("configs/film_tfidf.yaml",), ("data.init_args.train_sources=[{data}/nli/snli.test.tsv,"
                                                   "{data}/nli/mnli.dev_matched.tsv]",)),

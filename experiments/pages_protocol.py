@@ -202,7 +202,9 @@ def sign_floor(p: stats.Paired) -> str:
     """Says when the sign-flip p is the smallest its seeds allow (every difference of one sign: 2 of the 2^n
     patterns), so that a reader does not take 0.062 at five seeds for a weak result."""
     n = len(p.diffs)
-    return f", the smallest {n} seeds allow: every seed's difference has one sign" if p.p_sign <= stats.sign_flip_floor(n) + 1e-12 else ""
+    if p.p_sign > stats.sign_flip_floor(n) + 1e-12:
+        return ""
+    return f", the smallest {n} seeds allow: every seed's difference has one sign"
 
 
 IDLE_WEIGHTING = 1e-3  # a weighting that masks less than one in-batch negative in a thousand leaves DCLR its noise

@@ -453,3 +453,30 @@ def test_a_seed_whose_checkpoint_later_cells_read_is_trained_again_on_a_machine_
     assert [j.seed for j in state.to_remake(plan)] == [43, 44]
     assert campaign.summarize(plan, state, 2, remakes=False).left_h == records_only.left_h
     assert pages_protocol.campaign_budget(data) == page
+
+
+def test_every_checkpoint_a_cell_reads_is_the_one_a_cell_it_waits_for_writes(tmp_path, monkeypatch):
+    import objectives
+
+    args = plan_args(tmp_path)
+    # every choice made, so that each reader's command can be built
+    monkeypatch.setattr(dclr_protocol.Protocol, "dclr_choice", lambda self: {})
+    monkeypatch.setattr(dclr_protocol.Protocol, "simcse_choice", lambda self: {f"{M}lr": "3e-5"})
+    monkeypatch.setattr(objectives, "choose", lambda found: {"values": {f"{M}lr": "3e-5"}})
+    plan = campaign.build_plan(args)
+    written = {(j.study, j.seed): j.output for j in plan.jobs if j.output}
+    readers = 0
+    for job in plan.jobs:
+        try:
+            command = job.command()
+        except SystemExit:  # a stage of the protocol that the campaign does not run
+            continue
+        read = [command[command.index("--model") + 1]] if "--model" in command else []
+        read += [w.split("=", 1)[1].replace("{seed}", str(job.seed)) for w in command
+                 if w.startswith(f"{M}complementary_model=")]
+        for path in (p for p in read if p.startswith(str(args.out))):  # not the start model, from the hub
+            assert path in {written.get((n.study, n.seed)) for n in job.needs}, (job.key, path)
+            readers += 1
+    # the truncations (2 rows, 3 seeds each), objectives' DCLR (its 3 dev cells, its 3 seeds), the protocol's
+    # DCLR dev search (seed 42) and its 5 final seeds
+    assert readers == 2 * len(objectives.TRUNCATE_DIMS) * 3 + 2 * 3 + dclr_protocol.BUDGET + 5
