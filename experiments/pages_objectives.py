@@ -257,7 +257,7 @@ def matryoshka_curve(data: Data) -> str:
     for d in found["mnr"]:
         plain, mat = found["mnr"][d], found["mnr_matryoshka"][d]
         seeds = sorted(set(plain) & set(mat))
-        diff = stats.summary([mat[s] - plain[s] for s in seeds]).text(2) if seeds else "—"
+        diff = stats.summary([mat[s] - plain[s] for s in seeds]).text(sign=True) if seeds else "—"
         lines.append(f"| {d} | {stats.summary(list(plain.values())).text()} | {stats.summary(list(mat.values())).text()} "
                      f"| {diff} |")
     plot = Path(MATRYOSHKA_PLOT).name  # the block's page, docs/results/objectives.md, sits beside it

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from harness.figures import figure  # noqa: E402  (the one rounding rule: evaluate.py prints with it too)
+
 
 @dataclass(frozen=True)
 class Summary:
@@ -28,10 +31,15 @@ class Summary:
     mean: float
     sd: float | None  # None for one value
 
-    def text(self, digits: int = 2) -> str:
+    def text(self, digits: int = 2, sign: bool = False) -> str:
+        """``mean ± sd``; ``sign``: a ``+`` on a positive mean, as for a difference. One value is a record's own
+        figure, shown by the rule evaluate.py prints it with; a mean and sd of several are rounded once, from
+        their full value (rounding them to a record's four decimals first would round twice)."""
         if self.n == 0:
             return "—"
-        return f"{self.mean:.{digits}f}" if self.sd is None else f"{self.mean:.{digits}f} ± {self.sd:.{digits}f}"
+        if self.sd is None:
+            return figure(self.mean, digits, sign)
+        return f"{self.mean:{'+' if sign else ''}.{digits}f} ± {self.sd:.{digits}f}"
 
 
 def summary(values: Sequence[float]) -> Summary:

@@ -457,6 +457,17 @@ def test_evaluate_and_the_docs_round_a_figure_by_one_rule():
     assert figure(float("nan")) == "nan"
 
 
+def test_a_one_seed_row_shows_its_record_as_evaluate_py_prints_it_and_a_mean_is_rounded_once():
+    # 78.025 and 78.045 are ties on their decimal digits: evaluate.py and a record's figure show 78.02 and 78.04
+    # (ties to the even digit), where Python's format of the binary float gives 78.03 and 78.05
+    assert [stats.summary([v]).text() for v in (78.025, 78.045)] == ["78.02", "78.04"]
+    assert stats.summary([0.5]).text(sign=True) == "+0.50"
+    # a mean is rounded from its full value: 1.01497 is 1.01, where rounding it to four decimals first (1.0150)
+    # would give 1.02
+    assert stats.summary([1.01497, 1.01497]).text() == "1.01 ± 0.00"
+    assert stats.summary([0.5, 1.5]).text(sign=True) == "+1.00 ± 0.71"
+
+
 def test_an_evaluation_only_record_is_named_as_one_and_the_paper_column_says_what_its_figure_is(project):
     start = record("start_mean", "base", 42, 78.0)
     found = [start, {**start, "precision": {"train": None, "eval": "32"}}]
@@ -481,7 +492,7 @@ def test_the_matryoshka_curve_pairs_each_truncation_by_seed(tmp_path):
     table = report.matryoshka_curve(report.Data(records.load_all(tmp_path), [], tmp_path))
     rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()[2:]}
     assert rows["384"] == "| 384 | 81.00 ± 1.41 | 80.00 ± 1.41 | -1.00 ± 0.00 |"
-    assert rows["64"] == "| 64 | 72.00 ± 2.83 | 76.50 ± 2.12 | 4.50 ± 0.71 |"
+    assert rows["64"] == "| 64 | 72.00 ± 2.83 | 76.50 ± 2.12 | +4.50 ± 0.71 |"  # a difference: signed
     assert rows["32"] == "| 32 | — | — | — |"
     assert "trains it again" not in table  # every cell on one machine
     assert report.matryoshka_curve(report.Data([], [], tmp_path)).startswith("No record yet")
