@@ -392,7 +392,8 @@ def write_record(args: argparse.Namespace, cell: Path, assignment: dict[str, str
         configs=list(args.config or []) + ([f"model: {args.model}"] if args.model else [])
         + [f"evaluate.py {a}" for a in args.eval_arg], seed=seed,
         data_seed=hparams["data_seed"],
-        selection={"rule": "none" if args.model else args.select, "monitor": monitor, "step": dev.get("step")},
+        selection={"rule": "none" if args.model else args.select, "monitor": monitor, "step": dev.get("step"),
+                   "weights": results.get("weights")},
         dev_curve=records.dev_curve(series), dev={k: dev[k] for k in DEV if k in dev},
         test=records.test_scores(results), transfer=records.transfer_scores(results),
         mechanisms=records.mechanisms(series), wall_s=float((cell / "wall_s").read_text()), attempts=attempts,

@@ -269,21 +269,36 @@ def matryoshka_curve(data: Data) -> str:
     return "\n".join(lines)
 
 
+RETRAINED = ("a machine without a seed's checkpoint trains it again with the seed's own command before scoring it "
+             "(`experiments/campaign.py`), so the 384 row is the record's checkpoint and the truncations are of its "
+             "fp32 retraining.")
+
+
 def scored_elsewhere(data: Data, label: str, name: str) -> str | None:
-    """Says where a row's truncations were scored on another processor than its seeds were trained on: that machine
-    lacked the checkpoints (runs/ does not travel with the records), so the queue trained each seed there again
-    with its own command before scoring it (experiments/campaign.py)."""
+    """Says where a row's truncations scored other weights than its seeds' records: a machine that lacked the
+    checkpoints (runs/ does not travel with the records) trained each seed there again with its own command before
+    scoring it (experiments/campaign.py). The weights' digests in the records tell; records made before the
+    digests were kept are told apart by their processors."""
     from objectives import TRUNCATE_DIMS
 
-    trained = {chip(r["machine"]) for r in test_records(records.select(data, f"objectives_{name}"))}
-    scored = {chip(r["machine"]) for d in TRUNCATE_DIMS
-              for r in test_records(records.select(data, f"objectives_{name}_dim{d}"))}
-    if not trained or scored <= trained:
+    trained = {r["seed"]: r for r in test_records(records.select(data, f"objectives_{name}"))}
+    scored = [r for d in TRUNCATE_DIMS for r in test_records(records.select(data, f"objectives_{name}_dim{d}"))
+              if r["seed"] in trained]
+    if not scored:
         return None
-    return (f"The {label} seeds were trained on {' and '.join(sorted(trained))}, their truncations scored on "
-            f"{' and '.join(sorted(scored - trained))}: a machine without a seed's checkpoint trains it again with the "
-            f"seed's own command before scoring it (`experiments/campaign.py`), so the 384 row is the record's "
-            f"checkpoint and the truncations are of its fp32 retraining.")
+    weights = lambda r: r["selection"].get("weights")  # noqa: E731
+    if all(weights(r) for r in scored) and all(weights(r) for r in trained.values()):
+        other = sorted({r["seed"] for r in scored if weights(r) != weights(trained[r["seed"]])})
+        if not other:
+            return None
+        return (f"The {label} truncations of seed {', '.join(map(str, other))} scored other weights than the "
+                f"seed's record (the records' weight digests differ): {RETRAINED}")
+    trained_on = {chip(r["machine"]) for r in trained.values()}
+    scored_on = {chip(r["machine"]) for r in scored}
+    if scored_on <= trained_on:
+        return None
+    return (f"The {label} seeds were trained on {' and '.join(sorted(trained_on))}, their truncations scored on "
+            f"{' and '.join(sorted(scored_on - trained_on))}: {RETRAINED}")
 
 
 def matryoshka_plot(data: Data) -> str:

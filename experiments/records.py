@@ -1,11 +1,12 @@
 """One record per finished cell: the JSON file behind every figure of the docs.
 
 A record is what a reviewer needs to check a figure without the run's machine: the study and cell, every
-override and config, the seed and batch order, how the checkpoint was selected and the dev curve it was
-selected on, the seven test tasks with their subsets (and the transfer tasks when run), the mechanisms'
-training scalars, the wall time, and the machine, versions, precision and commit. Records live in
-``results/<study>/<cell>/seed<S>.json`` of the repository and are committed; ``experiments/report.py``
-builds every results table of the docs from them, and nothing else writes a figure a doc shows.
+override and config, the seed and batch order, how the checkpoint was selected (and, for a cell scored on the
+test tasks, a digest of the weights scored) and the dev curve it was selected on, the seven test tasks with their
+subsets (and the transfer tasks when run), the mechanisms' training scalars, the wall time, and the machine,
+versions, precision and commit. Records live in ``results/<study>/<cell>/seed<S>.json`` of the repository and
+are committed; ``experiments/report.py`` builds every results table of the docs from them, and nothing else
+writes a figure a doc shows.
 
 Checkpoints and event files stay in ``runs/`` (ignored by git); a record holds numbers only.
 """
@@ -40,7 +41,7 @@ FIELDS: dict[str, tuple[type, ...]] = {
     "commit": (str, type(None)), "date": (str,),
 }
 MACHINE_FIELDS = ("cpu", "bf16_units", "cores", "threads", "gpu")
-SELECTION_FIELDS = ("rule", "monitor", "step")
+SELECTION_FIELDS = ("rule", "monitor", "step")  # and "weights" in the records that have kept it
 
 
 class RecordError(ValueError):

@@ -19,6 +19,7 @@ from datamodules import STS_TASKS
 from datamodules.sts import default_sts_dir
 from encoders.sentence import Pooling, SentenceEncoder
 from encoders.st_format import check_export_dir, check_exportable, check_truncate_dim
+from . import provenance
 from .arguments import for_installed
 from .cli import exit_on_user_error
 from .config_files import run_function_command
@@ -120,6 +121,7 @@ def evaluate(
         for task in transfer:
             task_paths(downstream, task)
     encoder, name = load_encoder(ckpt_path, model, pooling)
+    weights = provenance.weights_digest(encoder) if output is not None else None  # as loaded, on the CPU
     for d in dims:
         check_truncate_dim(encoder, d)  # before minutes of evaluation
     if export is not None:
@@ -151,8 +153,8 @@ def evaluate(
             print(format_table({f"{d} dims": r for d, r in by_dim.items()}, sts))
     if output is not None:
         with open(output, "x") as f:
-            json.dump({"model": name, "pooling": encoder.pooling, "precision": precision, "normalized": unit, **results},
-                      f, indent=2)
+            json.dump({"model": name, "weights": weights, "pooling": encoder.pooling, "precision": precision,
+                       "normalized": unit, **results}, f, indent=2)
         print(f"results written to {output}")
     if export is not None:
         export_run(encoder, export, ckpt_path, results, precision, source=name, truncate_dim=dims[0] if dims else None)

@@ -1,10 +1,11 @@
-"""Where and with what a figure was made: the machine, the library versions and the commit.
+"""Where and with what a figure was made: the machine, the library versions, the commit and the weights.
 
 Benchmarks print it beside every ratio, and each experiment record (``experiments/records.py``) keeps it
 as fields, so a figure names its processor (and its bf16/AMX units), or its GPU, without prose.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import platform
 import subprocess
@@ -85,3 +86,17 @@ def commit(root: Path = ROOT) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def weights_digest(module) -> str:
+    """The first 16 hex digits of a SHA-256 over ``module``'s state dict (each name, dtype, shape and the values'
+    bytes, in the dict's order): two evaluations with one digest scored the same weights, whatever the file,
+    its path or the training state saved beside them."""
+    import torch
+
+    digest = hashlib.sha256()
+    for name, tensor in module.state_dict().items():
+        tensor = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:16]

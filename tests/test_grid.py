@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+import encoders
+from harness import provenance
 from tests.conftest import ROOT
 from tests.test_train import objective_config
 
@@ -52,6 +54,7 @@ def test_grid_runs_two_cells_and_resumes_skipping_the_finished_one(tmp_path, tin
             "--records", str(tmp_path / "records")]
     assert grid.main(argv) == 0
     first, second = tmp_path / "out" / "g" / "lr=1e-3" / "seed7", tmp_path / "out" / "g" / "lr=2e-3" / "seed7"
+    digests = set()
     for cell, lr in ((first, "1e-3"), (second, "2e-3")):
         results = json.loads((cell / "eval.json").read_text())
         assert set(results) >= {"stsb", "sickr", "avg"}
@@ -69,12 +72,16 @@ def test_grid_runs_two_cells_and_resumes_skipping_the_finished_one(tmp_path, tin
         assert record["test"]["avg"] == results["avg"] and record["test"]["subsets"] == results["subsets"]
         assert record["values"] == {"model.init_args.lr": lr} and record["seed"] == 7 and record["data_seed"] == 42
         assert "model.init_args.weight_decay=0.02" in record["overrides"] and record["configs"] == [config]
-        assert record["selection"] == {"rule": "last", "monitor": None, "step": None}
+        assert record["selection"] == {"rule": "last", "monitor": None, "step": None, "weights": results["weights"]}
+        # the digest is of the checkpoint the cell chose, and it tells the two cells' weights apart
+        assert results["weights"] == provenance.weights_digest(encoders.load(str(cell / "model.ckpt")))
+        digests.add(results["weights"])
         assert [p["step"] for p in record["dev_curve"]][0] == 0 and record["dev_curve"][-1]["stsb"] == \
             pytest.approx(dev["stsb"], abs=1e-3)
         assert record["machine"]["threads"] == 1 and record["machine"]["cores"] >= 1 and record["attempts"] == 1
         assert record["versions"]["torch"] and record["mechanisms"]["loss"]["n"] > 0
         assert record["precision"]["eval"] == "bf16" and record["wall_s"] > 0
+    assert len(digests) == 2
     table = (tmp_path / "out" / "g" / "table.md").read_text()
     assert "| lr=1e-3 | 1/1 |" in table and "| lr=2e-3 | 1/1 |" in table
     # a stop before the second cell finished: its result is gone, the first cell's stays
@@ -120,7 +127,7 @@ def test_select_best_keeps_the_best_dev_checkpoint_dev_only_and_seed_fills_set_v
     assert abs(scalars["hparam/dev_stsb"] - dev["stsb"]) < 1e-4
     record = records.load(tmp_path / "records" / "b" / "base" / "seed5.json")
     assert record["test"] is None and record["selection"] == {"rule": "best", "monitor": "val/avg_spearman",
-                                                              "step": dev["step"]}
+                                                              "step": dev["step"], "weights": None}
     chosen = [p for p in record["dev_curve"] if p["step"] == dev["step"]]
     assert chosen and chosen[0]["stsb"] == pytest.approx(dev["stsb"], abs=1e-3)
 

@@ -507,6 +507,23 @@ def test_the_matryoshka_curve_pairs_each_truncation_by_seed(tmp_path):
     assert len(notes) == 1 and notes[0].startswith(
         "The plain MNR seeds were trained on Test CPU (no bf16 units), their truncations scored on Other CPU "
         "(avx512_bf16):")
+    # records that keep the digest of the weights they scored: it, not the processor, tells a retraining
+
+    def weigh(study, seed, digest):
+        path = records.path_of(tmp_path, study, "base", seed)
+        kept = json.loads(path.read_text())
+        kept["selection"]["weights"] = digest
+        path.write_text(json.dumps(kept))
+
+    for seed in (42, 43):
+        for study in ("objectives_mnr", "objectives_mnr_dim64"):
+            weigh(study, seed, f"{seed:016x}")
+    assert "trains it again" not in report.matryoshka_curve(report.Data(records.load_all(tmp_path), [], tmp_path))
+    weigh("objectives_mnr_dim64", 43, "0" * 16)
+    table = report.matryoshka_curve(report.Data(records.load_all(tmp_path), [], tmp_path))
+    notes = [line for line in table.splitlines() if "trains it again" in line]
+    assert len(notes) == 1 and notes[0].startswith(
+        "The plain MNR truncations of seed 43 scored other weights than the seed's record")
 
 
 def test_the_matryoshka_plot_draws_each_rows_means_and_sds_from_the_records(tmp_path):

@@ -99,3 +99,32 @@ def test_command_line_takes_one_dimension_or_a_list(tmp_path, tiny_model_dir, fi
     evaluate.main(["--model", tiny_model_dir, "--sts_dir", sts_dir, "--tasks", "stsb", "--truncate_dim", "[16,8]"])
     out = capsys.readouterr().out
     assert "| 16 dims |" in out and "| 8 dims |" in out
+
+
+def test_the_output_names_the_weights_scored_by_a_digest_of_the_weights_not_of_the_file(tmp_path, tiny_model_dir,
+                                                                                         fixtures_dir):
+    """The records tell a truncation scored on its seed's own checkpoint from one scored on a retraining by this
+    digest (docs/results/objectives.md's Matryoshka curve)."""
+    ckpt = fake_checkpoint(tmp_path, tiny_model_dir)
+
+    def weights(name: str, **source) -> str:
+        out = tmp_path / f"{name}.json"
+        evaluate.evaluate(sts_dir=str(fixtures_dir / "sts"), tasks="stsb", output=str(out), **source)
+        return json.loads(out.read_text())["weights"]
+
+    # the same encoder at another path, with another training state and another training-only head
+    checkpoint = torch.load(ckpt, weights_only=False)
+    checkpoint["global_step"] = 7
+    checkpoint["state_dict"]["classifier.bias"] += 1.0
+    moved = tmp_path / "elsewhere" / "model.ckpt"
+    moved.parent.mkdir()
+    torch.save(checkpoint, moved)
+    first = weights("ckpt", ckpt_path=ckpt)
+    assert len(first) == 16 and int(first, 16) >= 0
+    assert weights("moved", model=str(moved)) == weights("truncated", ckpt_path=ckpt, truncate_dim=8) == first
+    # one value of the encoder moved to the next float32: other weights
+    key = next(k for k, v in checkpoint["state_dict"].items() if k.startswith("encoder.") and v.is_floating_point())
+    value = checkpoint["state_dict"][key].view(-1)[:1]
+    value.copy_(torch.nextafter(value, value + 1))
+    torch.save(checkpoint, tmp_path / "changed.ckpt")
+    assert weights("changed", ckpt_path=str(tmp_path / "changed.ckpt")) != first
