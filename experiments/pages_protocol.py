@@ -168,9 +168,11 @@ def protocol_mechanisms(data: Data) -> str:
 def protocol_transfer(data: Data) -> str:
     from records import TRANSFER
 
-    lines = ["| model | seeds | " + " | ".join(t.upper() for t in TRANSFER) + " | avg |", "|---" * (len(TRANSFER) + 3) + "|"]
-    for st, label in (("protocol_start_transfer", "start, as SentenceTransformer.encode gives it (unit vectors)"),
-                      ("protocol_start_transfer_raw", "start, the pooled vectors unnormalised"),
+    lines = ["| model | seeds | " + " | ".join(t.upper() for t in TRANSFER) + " | avg |",
+             "|---" * (len(TRANSFER) + 3) + "|"]
+    for st, label in (("protocol_start_transfer", "start, mean pooling, as SentenceTransformer.encode gives it (unit "
+                                                  "vectors)"),
+                      ("protocol_start_transfer_raw", "start, mean pooling, the pooled vectors unnormalised"),
                       ("protocol_simcse", "SimCSE (dev-chosen)"), ("protocol_dclr", "DCLR (dev-chosen)"),
                       ("protocol_dclr_noise_only", "noise only")):
         found = [r for r in records.select(data, st) if r["transfer"]]
