@@ -243,9 +243,9 @@ def campaign_budget(data: Data) -> str:
     args = argparse.Namespace(data="$SENTEMB_DATA", threads=1, records=data.folder, out=ROOT / "runs" / "grid")
     plan = campaign.build_plan(args)
     state = campaign.State(plan, data.folder, known=list(data))
-    parts: dict[str, list[int]] = {}
+    parts: dict[str, list[float]] = {}
     for job in plan.jobs:
-        counts = parts.setdefault(job.part, [0, 0, 0])
+        counts = parts.setdefault(job.part, [0, 0, 0.0])
         counts[0] += state.done(job)
         counts[1] += 1
         counts[2] += state.estimate(job)[0] if not state.done(job) else 0
@@ -257,10 +257,16 @@ def campaign_budget(data: Data) -> str:
                 "three cuts below: what is left is the headline, the front page's rows and the two newer rows, which "
                 "the order of cuts does not reach." if summary.spent_h + summary.left_h > campaign.BUDGET_CORE_HOURS
                 else ""), "",
-             "| part | cells with a record | planned | core-hours left (estimated) |", "|---|---|---|---|"]
+             "| part | cells with a record | planned | core-hours spent | core-hours left (estimated) |",
+             "|---|---|---|---|---|"]
     for part, (done, planned, left) in parts.items():
-        lines.append(f"| {part} | {done} | {planned} | {left / 3600:.1f} |")
-    lines += ["", "Cut to fit the budget, in this order:", ""]
+        jobs = [j for j in plan.jobs if j.part == part]
+        # a job that writes a benchmark record (the mined file, FILM's pairs) keeps no wall time in it
+        spent = "—" if all(j.done_glob for j in jobs) else f"{state.spent(campaign.Plan(jobs)) / 3600:.1f}"
+        lines.append(f"| {part} | {done} | {planned} | {spent} | {left / 3600:.1f} |")
+    lines += ["", "Core-hours spent are the cell records' wall times x threads (every attempt of a cell); the jobs that "
+              "write a benchmark record instead, the mined NLI file and FILM's pairs, keep none and count for none.",
+              "", "Cut to fit the budget, in this order:", ""]
     lines += [f"- `{study}`: {why};" for study, why in campaign.CUT.items()]
     lines += [f"- the dev searches: {campaign.CUT_DEV_GRIDS};"]
     lines[-1] = lines[-1].rstrip(";") + "."

@@ -480,3 +480,16 @@ def test_every_checkpoint_a_cell_reads_is_the_one_a_cell_it_waits_for_writes(tmp
     # the truncations (2 rows, 3 seeds each), objectives' DCLR (its 3 dev cells, its 3 seeds), the protocol's
     # DCLR dev search (seed 42) and its 5 final seeds
     assert readers == 2 * len(objectives.TRUNCATE_DIMS) * 3 + 2 * 3 + dclr_protocol.BUDGET + 5
+
+
+def test_the_budget_page_gives_each_parts_core_hours_from_its_records(tmp_path):
+    root = tmp_path / "records"
+    write(root, "protocol_simcse_dev", "augmentation=dropout,lr=1e-5", 42, wall=3600.0)  # one core-hour
+    write(root, "objectives_dev_triplet", "lr=1e-5", 42, wall=1800.0)
+    write(root, "objectives_triplet", "base", 42, avg=80.0, wall=5400.0)  # with the dev cell, two
+    page = pages_protocol.campaign_budget(tables.Data(records.load_all(root), [], root))
+    spent = {line.split(" | ")[0].strip("| "): line.split(" | ")[3] for line in page.splitlines()
+             if line.startswith("| ") and not line.startswith("| part")}
+    assert spent["1 headline"] == "1.0" and spent["2 objectives"] == "2.0" and spent["3 transfer"] == "0.0"
+    assert spent["4 film pairs"] == "—"  # its job writes a benchmark record, which keeps no wall time
+    assert "planned cells have records; 3.0 core-hours spent" in page  # the parts sum to the total
