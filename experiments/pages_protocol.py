@@ -243,12 +243,9 @@ def campaign_budget(data: Data) -> str:
     args = argparse.Namespace(data="$SENTEMB_DATA", threads=1, records=data.folder, out=ROOT / "runs" / "grid")
     plan = campaign.build_plan(args)
     state = campaign.State(plan, data.folder, known=list(data))
-    parts: dict[str, list[float]] = {}
+    parts: dict[str, list[campaign.Job]] = {}
     for job in plan.jobs:
-        counts = parts.setdefault(job.part, [0, 0, 0.0])
-        counts[0] += state.done(job)
-        counts[1] += 1
-        counts[2] += state.estimate(job)[0] if not state.done(job) else 0
+        parts.setdefault(job.part, []).append(job)
     summary = campaign.summarize(plan, state, jobs=2, remakes=False)  # the records' cells, the same on every clone
     lines = [f"The campaign (`python experiments/campaign.py --plan`): {summary.done} of {summary.done + summary.left} "
              f"planned cells have records; {summary.spent_h:.1f} core-hours spent, about {summary.left_h:.1f} left by "
@@ -259,11 +256,12 @@ def campaign_budget(data: Data) -> str:
                 else ""), "",
              "| part | cells with a record | planned | core-hours spent | core-hours left (estimated) |",
              "|---|---|---|---|---|"]
-    for part, (done, planned, left) in parts.items():
-        jobs = [j for j in plan.jobs if j.part == part]
+    for part, jobs in parts.items():
+        done = sum(state.done(j) for j in jobs)
+        left = sum(state.estimate(j)[0] for j in jobs if not state.done(j))
         # a job that writes a benchmark record (the mined file, FILM's pairs) keeps no wall time in it
         spent = "—" if all(j.done_glob for j in jobs) else f"{state.spent(campaign.Plan(jobs)) / 3600:.1f}"
-        lines.append(f"| {part} | {done} | {planned} | {spent} | {left / 3600:.1f} |")
+        lines.append(f"| {part} | {done} | {len(jobs)} | {spent} | {left / 3600:.1f} |")
     lines += ["", "Core-hours spent are the cell records' wall times x threads (every attempt of a cell); the jobs that "
               "write a benchmark record instead, the mined NLI file and FILM's pairs, keep none and count for none.",
               "", "Cut to fit the budget, in this order:", ""]
